@@ -1,0 +1,1 @@
+"""GPU backends: one module per vendor library, behind the small protocol in ``base``."""

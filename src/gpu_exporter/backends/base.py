@@ -1,0 +1,96 @@
+"""The backend protocol, the errors a backend may raise, and the vendor registry.
+
+A backend is the only code that calls a vendor library. ``read()`` never raises for a problem with one
+value or one device: it reports what it could read, marks lost devices ``up=False`` and counts failed
+calls in ``errors``. ``open()`` raises ``BackendError`` with one line a user can act on.
+"""
+
+from __future__ import annotations
+
+import importlib
+import logging
+from collections import Counter
+from collections.abc import Callable
+from typing import Protocol
+
+from gpu_exporter.config import Config
+from gpu_exporter.model import DeviceSample
+
+__all__ = ["Backend", "BackendError", "NoDevicesError", "create", "detect"]
+
+log = logging.getLogger(__name__)
+
+
+class BackendError(Exception):
+    """The vendor library cannot be used; the message says what to check."""
+
+
+class NoDevicesError(BackendError):
+    """The library works but reports no device."""
+
+
+class Backend(Protocol):
+    name: str
+    errors: Counter[str]  # failed calls since start, by call name
+
+    def open(self) -> None: ...
+
+    def read(self) -> list[DeviceSample]: ...
+
+    def healthy(self) -> bool: ...
+
+    def close(self) -> None: ...
+
+
+Factory = Callable[[Config], Backend]
+
+# vendor -> "module:function" building the backend; imported lazily so that a missing vendor
+# library only matters for the vendor asked for.
+_REGISTRY: dict[str, str] = {
+    "nvidia": "gpu_exporter.backends.nvml:create",
+    "fake": "gpu_exporter.backends.fake:create",
+}
+
+_NOT_YET = {"amd": "AMD SMI", "jetson": "Jetson sysfs"}
+
+# vendors tried by --gpu-vendor=auto, in order
+AUTO_ORDER: tuple[str, ...] = ("nvidia",)
+
+
+def _factory(vendor: str) -> Factory:
+    if vendor in _NOT_YET:
+        raise BackendError(f"--gpu-vendor={vendor}: the {_NOT_YET[vendor]} backend is not available yet")
+    module_name, _, attr = _REGISTRY[vendor].partition(":")
+    factory: Factory = getattr(importlib.import_module(module_name), attr)
+    return factory
+
+
+def create(config: Config) -> list[Backend]:
+    """Open the backend(s) the config asks for. Raises BackendError with a one-line reason."""
+    if config.gpu_vendor == "auto":
+        return detect(config)
+    backend = _factory(config.gpu_vendor)(config)
+    backend.open()
+    return [backend]
+
+
+def detect(config: Config) -> list[Backend]:
+    """Every vendor whose library loads and reports at least one device."""
+    found: list[Backend] = []
+    reasons: list[str] = []
+    for vendor in AUTO_ORDER:
+        try:
+            backend = _factory(vendor)(config)
+            backend.open()
+        except BackendError as exc:
+            reasons.append(f"{vendor}: {exc}")
+            log.debug("auto-detect: %s not usable: %s", vendor, exc)
+            continue
+        log.info("auto-detect: found %s GPUs", vendor)
+        found.append(backend)
+    if not found:
+        raise BackendError(
+            "no GPU found (" + "; ".join(reasons) + "); to try the exporter without one, "
+            "run it with --gpu-vendor=fake"
+        )
+    return found

@@ -1,0 +1,300 @@
+"""One typed configuration, from four sources: flag > env ``GPU_EXPORTER_*`` > YAML file > default.
+
+Every option is declared once in ``OPTIONS``; the CLI flags, the environment variable names and the
+YAML keys are all derived from it, so they cannot drift apart. YAML keys are the flag names without the
+leading dashes (``web.listen-address: ":9400"``), flat or nested (``web: {listen-address: ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import yaml
+
+from gpu_exporter import catalog
+from gpu_exporter.units import parse_duration, parse_size
+
+__all__ = ["OPTIONS", "Config", "ConfigError", "Option", "env_name", "load"]
+
+ENV_PREFIX = "GPU_EXPORTER_"
+VENDORS = ("auto", "nvidia", "amd", "jetson", "fake")
+
+
+class ConfigError(ValueError):
+    """A configuration problem the user can fix; the message is one line."""
+
+
+@dataclass(frozen=True)
+class Config:
+    gpu_vendor: str = "auto"
+    interval: float = 5.0
+    buffer_size: int = 1024
+    listen_address: str = ":9400"
+    telemetry_path: str = "/metrics"
+    node_name: str = ""
+    config_file: str = ""
+    log_level: str = "info"
+    log_format: str = "text"
+    metrics_include: str = ""
+    metrics_exclude: str = ""
+    disabled_collectors: frozenset[str] = frozenset()
+    fake_gpus: int = 2
+    fake_mig: int = 0
+    fake_seed: int = 0
+    path_sysfs: str = "/sys"
+    path_procfs: str = "/proc"
+    # --- forwarding options (store-and-forward) go below this line ---
+
+    # --- bridge options go below this line ---
+
+    # --- kubernetes options go below this line ---
+
+    def collector_enabled(self, group: str) -> bool:
+        return group not in self.disabled_collectors
+
+
+def _bool(text: str | bool) -> bool:
+    if isinstance(text, bool):
+        return text
+    value = str(text).strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError(f"invalid boolean {text!r} (use true or false)")
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(str(text), 10)
+    except ValueError:
+        raise ValueError(f"invalid integer {text!r}") from None
+    if value < 1:
+        raise ValueError(f"must be at least 1, got {value}")
+    return value
+
+
+def _nonneg_int(text: str) -> int:
+    try:
+        value = int(str(text), 10)
+    except ValueError:
+        raise ValueError(f"invalid integer {text!r}") from None
+    if value < 0:
+        raise ValueError(f"must be 0 or more, got {value}")
+    return value
+
+
+def _interval(text: str) -> float:
+    seconds = parse_duration(text)
+    if seconds < 0.1:
+        raise ValueError(f"{text!r} is below the 100ms minimum")
+    return seconds
+
+
+def _regex(text: str) -> str:
+    try:
+        re.compile(str(text))
+    except re.error as exc:
+        raise ValueError(f"invalid regular expression {text!r}: {exc}") from None
+    return str(text)
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        value = str(text).strip().lower()
+        if value not in choices:
+            raise ValueError(f"invalid choice {text!r} (choose from {', '.join(choices)})")
+        return value
+
+    return parse
+
+
+def _listen(text: str) -> str:
+    value = str(text)
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
+        raise ValueError(f"invalid listen address {text!r} (use host:port or :port)")
+    return value
+
+
+def _path(text: str) -> str:
+    value = str(text)
+    if not value.startswith("/"):
+        raise ValueError(f"invalid path {text!r} (must start with /)")
+    return value
+
+
+@dataclass(frozen=True)
+class Option:
+    name: str  # the flag without dashes, also the YAML key
+    field: str  # Config attribute
+    parse: Callable[[str], Any]
+    help: str
+    metavar: str | None = None
+    is_switch: bool = False  # a --collector.X / --no-collector.X pair
+
+
+OPTIONS: tuple[Option, ...] = (
+    Option("gpu-vendor", "gpu_vendor", _choice(*VENDORS),
+           "GPU library to read: auto picks what the machine has; fake simulates GPUs", "VENDOR"),
+    Option("gpu-metrics-collection-interval", "interval", _interval,
+           "how often GPUs are read, e.g. 500ms, 5s, 1m", "DURATION"),
+    Option("metrics-buffer-size", "buffer_size", _positive_int,
+           "samples kept in the ring buffer (the oldest is overwritten)", "N"),
+    Option("web.listen-address", "listen_address", _listen, "address for /metrics, /healthz, /readyz",
+           "[HOST]:PORT"),
+    Option("web.telemetry-path", "telemetry_path", _path, "path under which metrics are served", "PATH"),
+    Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
+    Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
+    Option("log.format", "log_format", _choice("text", "json"), "log format", "FORMAT"),
+    Option("metrics.include", "metrics_include", _regex,
+           "only serve and forward metrics whose name matches this regex", "REGEX"),
+    Option("metrics.exclude", "metrics_exclude", _regex,
+           "drop metrics whose name matches this regex", "REGEX"),
+    Option("fake.gpus", "fake_gpus", _positive_int, "simulated GPUs for --gpu-vendor=fake", "N"),
+    Option("fake.mig", "fake_mig", _nonneg_int,
+           "MIG instances on the first simulated GPU (0 disables MIG; at most 7)", "N"),
+    Option("fake.seed", "fake_seed", _nonneg_int, "seed for the simulated values", "N"),
+    Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
+    Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
+    # --- forwarding options (store-and-forward) go below this line ---
+    # --- bridge options go below this line ---
+    # --- kubernetes options go below this line ---
+)
+
+_SWITCHES = tuple(
+    Option(f"collector.{group}", f"collector.{group}", _bool, f"collect the {group} metrics", is_switch=True)
+    for group in catalog.GROUPS
+)
+
+ALL_OPTIONS = OPTIONS + _SWITCHES
+_BY_NAME = {o.name: o for o in ALL_OPTIONS}
+
+
+def env_name(option_name: str) -> str:
+    return ENV_PREFIX + re.sub(r"[.\-]", "_", option_name).upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Declare every option as a flag; defaults are SUPPRESSed so that we see what was given."""
+    parser.add_argument("--config.file", dest="config.file", metavar="FILE", default=argparse.SUPPRESS,
+                        help=f"YAML file with any of these options (env {env_name('config.file')})")
+    for opt in OPTIONS:
+        default = getattr(Config(), opt.field)
+        shown = f" (default: {default})" if default not in ("", None) else ""
+        parser.add_argument(f"--{opt.name}", dest=opt.name, metavar=opt.metavar, default=argparse.SUPPRESS,
+                            help=f"{opt.help}{shown}")
+    group = parser.add_argument_group("collectors (all enabled by default)")
+    for opt in _SWITCHES:
+        group.add_argument(f"--{opt.name}", dest=opt.name, action=argparse.BooleanOptionalAction,
+                           default=argparse.SUPPRESS, help=opt.help)
+
+
+class _LineLoader(yaml.SafeLoader):
+    """Safe loader that remembers the line of every mapping key, for error messages."""
+
+
+def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+    mapping = loader.construct_mapping(node, deep=True)
+    lines = {}
+    for key_node, _ in node.value:
+        lines[loader.construct_object(key_node)] = key_node.start_mark.line + 1
+    mapping["__lines__"] = lines
+    return mapping
+
+
+_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:
+    lines: Mapping[str, int] = data.get("__lines__", {})
+    out: dict[str, tuple[Any, int]] = {}
+    for key, value in data.items():
+        if key == "__lines__":
+            continue
+        name = f"{prefix}{str(key).replace('_', '-')}"
+        if isinstance(value, Mapping) and f"{name}" not in _BY_NAME:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = (value, lines.get(key, 0))
+    return out
+
+
+def read_file(path: str) -> dict[str, tuple[Any, int]]:
+    try:
+        with open(path, encoding="utf-8") as handle:
+            text = handle.read()
+    except OSError as exc:
+        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    try:
+        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"{path}:{mark.line + 1}" if mark is not None else path
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise ConfigError(f"invalid YAML in {where}: {problem}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"invalid config file {path}: expected a mapping of option names to values")
+    return _flatten(data)
+
+
+def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+    """Merge the sources into a Config, or raise ConfigError naming the source of a bad value."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, tuple[Any, str]] = {}
+
+    config_file = args.get("config.file") or environ.get(env_name("config.file"), "")
+    if config_file:
+        for name, (value, line) in read_file(config_file).items():
+            if name not in _BY_NAME:
+                raise ConfigError(f"{config_file}:{line}: unknown option {name!r}")
+            values[name] = (value, f"{config_file}:{line}")
+    for opt in ALL_OPTIONS:
+        env = env_name(opt.name)
+        if env in environ:
+            values[opt.name] = (environ[env], f"environment variable {env}")
+        if opt.name in args:
+            values[opt.name] = (args[opt.name], f"flag --{opt.name}")
+
+    fields: dict[str, Any] = {}
+    disabled: set[str] = set()
+    for name, (raw, source) in values.items():
+        opt = _BY_NAME[name]
+        try:
+            parsed = opt.parse(raw if isinstance(raw, bool) and opt.is_switch else str(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if opt.is_switch:
+            if not parsed:
+                disabled.add(name.split(".", 1)[1])
+        else:
+            fields[opt.field] = parsed
+    fields["disabled_collectors"] = frozenset(disabled)
+    fields["config_file"] = str(config_file)
+    if not fields.get("node_name"):
+        fields["node_name"] = environ.get("NODE_NAME") or socket.gethostname()
+    config = Config(**fields)
+    _check(config)
+    return config
+
+
+def _check(config: Config) -> None:
+    if config.fake_mig > 7:
+        raise ConfigError(f"--fake.mig={config.fake_mig}: a GPU holds at most 7 MIG instances")
+
+
+def replace(config: Config, **changes: Any) -> Config:
+    return dataclasses.replace(config, **changes)
+
+
+def option_names() -> Sequence[str]:
+    return [o.name for o in ALL_OPTIONS]
