@@ -24,11 +24,19 @@ from gpu_exporter.config import Config
 GiB = 1024**3
 
 
-def opened(*cards):
+def opened(*cards, config=None, **kwargs):
     fake = FakeAmdSmi(list(cards))
-    backend = amd.create(Config(gpu_vendor="amd"), smi=fake)
+    backend = amd.AmdBackend(config or Config(gpu_vendor="amd"), smi=fake, **kwargs)
     backend.open()
     return backend, fake
+
+
+class Clock:
+    def __init__(self):
+        self.now = 1000.0
+
+    def __call__(self):
+        return self.now
 
 
 def scalar(sample, key, labels=()):
@@ -137,19 +145,60 @@ def test_failed_call_counts_an_error_and_keeps_the_rest():
     assert fake.calls["amdsmi_get_power_info"] == 2
 
 
-def test_lost_card_is_down_and_the_other_card_still_reads():
-    backend, fake = opened(mi300x(0), mi210(1))
+def test_lost_card_is_down_retried_with_backoff_and_the_other_card_still_reads():
+    clock = Clock()
+    backend, fake = opened(mi300x(0), mi210(1), clock=clock, retry_initial=5.0)
     fake.cards[0].lost = True
     first, second = backend.read()
     assert not first.up and first.values == {}
     assert first.info["name"] == "AMD Instinct MI300X"  # still identifiable on the page
+    assert first.device.uuid == "7fff74a1-0000-1000-80a6-5e0b7c3a2e00"
     assert second.up and scalar(second, "power") == 97.0
-    assert backend.healthy()
-    fake.cards[1].lost = True
-    backend.read()
+    assert backend.errors["amdsmi_get_gpu_activity"] == 1
+    assert backend.healthy()  # one card still answers
+
+    asked = fake.calls["amdsmi_get_gpu_activity"]
+    clock.now += 4  # inside the 5 s backoff: the lost card is not asked at all
+    first, _ = backend.read()
+    assert not first.up
+    assert fake.calls["amdsmi_get_gpu_activity"] == asked + 1  # only the healthy card
+
+    fake.cards[0].lost = False
+    clock.now += 2  # past the backoff: identity is re-read and the card is up again
+    first, _ = backend.read()
+    assert first.up and scalar(first, "power") == 512.0
+
+
+def test_all_cards_lost_is_unhealthy():
+    backend, fake = opened(mi300x(0), mi210(1))
+    fake.cards[0].lost = fake.cards[1].lost = True
+    assert [s.up for s in backend.read()] == [False, False]
     assert not backend.healthy()
-    fake.cards[0].lost = fake.cards[1].lost = False
-    assert all(s.up for s in backend.read())  # a card that comes back is read again
+
+
+def test_card_lost_at_start_is_listed_down_and_attached_later():
+    clock = Clock()
+    fake = FakeAmdSmi([mi300x(0)])
+    fake.cards[0].lost = True
+    backend = amd.AmdBackend(Config(), smi=fake, clock=clock, retry_initial=1.0)
+    backend.open()
+    [gpu] = backend.read()
+    assert not gpu.up and gpu.device.gpu == "0"
+    fake.cards[0].lost = False
+    clock.now += 1.5
+    [gpu] = backend.read()
+    assert gpu.up and gpu.device.uuid == "7fff74a1-0000-1000-80a6-5e0b7c3a2e00"
+    assert gpu.info["name"] == "AMD Instinct MI300X"
+
+
+def test_disabled_collectors_are_not_asked():
+    config = Config(disabled_collectors=frozenset({"processes", "ecc"}))
+    backend, fake = opened(mi300x(), config=config)
+    [gpu] = backend.read()
+    assert fake.calls["amdsmi_get_gpu_process_list"] == 0
+    assert fake.calls["amdsmi_get_gpu_total_ecc_count"] == 0
+    assert scalar(gpu, "processes") is None and gpu.processes == ()
+    assert scalar(gpu, "power") == 512.0
 
 
 def test_garbage_process_entry_is_skipped_and_counted():
@@ -223,9 +272,7 @@ def test_real_package_without_rocm_library_gives_library_not_found(tmp_path):
         "PATH": "/usr/bin:/bin",
         "ROCM_PATH": str(tmp_path),
     }
-    out = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True
-    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
     lines = out.stdout.strip().splitlines()
     # the package's own two printed lines are swallowed: only our one line remains
     assert len(lines) == 1, out.stdout

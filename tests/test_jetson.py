@@ -215,3 +215,19 @@ def test_path_that_is_not_sysfs_is_one_line_error(tmp_path):
     with pytest.raises(BackendError, match="does not look like sysfs") as info:
         backend.open()
     assert "\n" not in str(info.value)
+
+
+def test_disabled_collectors_leave_their_files_alone(tree):
+    root = tree("orin-jp6")
+    (root / "proc/meminfo").unlink()  # would count an error if it were read
+    config = Config(
+        path_sysfs=str(root / "sys"),
+        path_procfs=str(root / "proc"),
+        disabled_collectors=frozenset({"memory", "power"}),
+    )
+    backend = jetson.create(config)
+    backend.open()
+    [s] = backend.read()
+    assert not any(k in ("memory_total", "power_rail", "board_power") for k, _ in s.values)
+    assert s.values[("utilization", ())] == pytest.approx(0.447)
+    assert backend.errors == {}

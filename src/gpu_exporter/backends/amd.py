@@ -17,8 +17,10 @@ import io
 import logging
 import math
 import threading
+import time
 from collections import Counter
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.backends.base import BackendError, NoDevicesError
@@ -52,6 +54,8 @@ _PCIE_GEN = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
 # AmdSmiGpuBlock names read for per-block ECC counts, and the label each gets
 _ECC_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
 
+_RETRY_MAX = 300.0
+
 _LIBRARY_NOT_FOUND = (
     "AMD SMI library not found (libamd_smi.so): check that ROCm's amd-smi-lib is installed and the "
     "container mounts it (set ROCM_PATH if it is not under /opt/rocm) and runs with /dev/kfd and /dev/dri"
@@ -60,6 +64,17 @@ _LIBRARY_NOT_FOUND = (
 
 class _Lost(Exception):
     """The device stopped answering; the rest of its cycle is skipped."""
+
+
+@dataclass
+class _Card:
+    index: int
+    handle: Any
+    id: DeviceId
+    info: dict[str, str] = field(default_factory=dict)
+    up: bool = False
+    retry_at: float = 0.0
+    backoff: float = 0.0
 
 
 def _import_amdsmi() -> Any:
@@ -94,18 +109,24 @@ class AmdBackend:
 
     name = "amd"
 
-    def __init__(self, config: Config, smi: Any = None) -> None:
+    def __init__(
+        self,
+        config: Config,
+        smi: Any = None,
+        *,
+        retry_initial: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self._config = config
         self._smi = smi
+        self._retry_initial = retry_initial
+        self._clock = clock
         self.errors: Counter[str] = Counter()
         self._lock = threading.Lock()
-        self._handles: list[Any] = []
-        self._ids: list[DeviceId] = []
-        self._info: list[dict[str, str]] = []
+        self._cards: list[_Card] = []
         self._unsupported: set[tuple[int, str]] = set()  # (device index, call) not asked again
         self._missing: set[str] = set()  # functions the installed amdsmi lacks
         self._initialised = False
-        self._last_up = True
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -129,25 +150,21 @@ class AmdBackend:
             if not handles:
                 self._shutdown()
                 raise NoDevicesError("AMD SMI works but reports no GPU (is the amdgpu driver bound?)")
-            self._handles = handles
-            self._ids = []
-            self._info = []
-            for index, handle in enumerate(handles):
-                info = self._identity(index, handle)
-                self._ids.append(DeviceId(gpu=str(index), uuid=info.pop("uuid")))
-                self._info.append(info)
-            log.info(
-                "AMD SMI: %d GPU(s): %s", len(handles), ", ".join(i.get("name", "?") for i in self._info)
-            )
+            self._cards = [_Card(i, h, DeviceId(str(i), "")) for i, h in enumerate(handles)]
+            for card in self._cards:
+                try:
+                    self._attach(card)
+                    card.up = True
+                except _Lost as exc:
+                    self._mark_lost(card, f"at start: {exc}")
+            log.info("AMD SMI: %d GPU(s): %s", len(handles), ", ".join(c.info.get("name", "?") for c in self._cards))
 
     @staticmethod
     def _init_reason(code: int) -> str:
         if code == STATUS_DRIVER_NOT_LOADED:
             return "AMD SMI: the amdgpu kernel driver is not loaded (modprobe amdgpu)"
         if code == STATUS_NO_PERM:
-            return (
-                "AMD SMI: permission denied: run with access to /dev/kfd and /dev/dri (video, render groups)"
-            )
+            return "AMD SMI: permission denied: run with access to /dev/kfd and /dev/dri (video, render groups)"
         return f"AMD SMI initialisation failed with status {code}: check the amdgpu driver and ROCm install"
 
     def _shutdown(self) -> None:
@@ -161,10 +178,9 @@ class AmdBackend:
     def close(self) -> None:
         with self._lock:
             self._shutdown()
-            self._handles = []
 
     def healthy(self) -> bool:
-        return self._initialised and self._last_up
+        return self._initialised and any(c.up for c in self._cards)
 
     # -- calls -----------------------------------------------------------------------------------
 
@@ -180,7 +196,7 @@ class AmdBackend:
             log.warning("amdsmi has no %s (older package?): those values are not collected", call)
             return None
         try:
-            return func(self._handles[index], *args)
+            return func(self._cards[index].handle, *args)
         except smi.AmdSmiLibraryException as exc:
             code = exc.get_error_code()
             if code in _UNSUPPORTED:
@@ -196,18 +212,14 @@ class AmdBackend:
             log.debug("GPU %d: %s failed: %s", index, key, exc)
         return None
 
-    def _identity(self, index: int, handle: Any) -> dict[str, str]:
-        """Static identity, read once at open; a value the card will not give is left out."""
-        info: dict[str, str] = {"vendor": "amd"}
-        try:
-            uuid = self._call(index, "amdsmi_get_gpu_device_uuid")
-            bdf = self._call(index, "amdsmi_get_gpu_device_bdf")
-            asic = self._call(index, "amdsmi_get_gpu_asic_info") or {}
-            driver = self._call(index, "amdsmi_get_gpu_driver_info") or {}
-            vbios = self._call(index, "amdsmi_get_gpu_vbios_info") or {}
-        except _Lost:
-            uuid = bdf = None
-            asic = driver = vbios = {}
+    def _attach(self, card: _Card) -> None:
+        """Static identity, read at open and when a lost card comes back; raises _Lost."""
+        index = card.index
+        uuid = self._call(index, "amdsmi_get_gpu_device_uuid")
+        bdf = self._call(index, "amdsmi_get_gpu_device_bdf")
+        asic = self._call(index, "amdsmi_get_gpu_asic_info") or {}
+        driver = self._call(index, "amdsmi_get_gpu_driver_info") or {}
+        vbios = self._call(index, "amdsmi_get_gpu_vbios_info") or {}
         fields = {
             "name": asic.get("market_name"),
             "serial": asic.get("asic_serial"),
@@ -215,127 +227,147 @@ class AmdBackend:
             "driver_version": driver.get("driver_version"),
             "vbios_version": vbios.get("version"),
         }
+        info = {"vendor": "amd"}
         for key, value in fields.items():
             if isinstance(value, str) and value.strip() and value.strip() != "N/A":
                 info[key] = value.strip()
-        info["uuid"] = uuid if isinstance(uuid, str) and uuid.strip() else f"amd-{bdf or index}"
-        return info
+        card.info = info
+        uuid = uuid.strip() if isinstance(uuid, str) else ""
+        card.id = DeviceId(str(index), uuid or f"amd-{info.get('pci_bus_id', index)}")
+
+    def _mark_lost(self, card: _Card, why: str) -> None:
+        if card.up or card.backoff == 0.0:
+            log.warning("GPU %d (%s) is not answering (%s); retrying with backoff", card.index, card.id.uuid, why)
+        card.up = False
+        card.backoff = min(_RETRY_MAX, card.backoff * 2 or self._retry_initial)
+        card.retry_at = self._clock() + card.backoff
 
     # -- reading ---------------------------------------------------------------------------------
 
     def read(self) -> list[DeviceSample]:
         with self._lock:
-            samples = [self._read_device(i) for i in range(len(self._handles))]
-        self._last_up = any(s.up for s in samples) if samples else False
-        return samples
-
-    def _read_device(self, index: int) -> DeviceSample:
-        values: dict[SeriesKey, float] = {}
-        processes: tuple[ProcessUsage, ...] = ()
-        up = True
-        try:
-            self._read_values(index, values)
-            processes = self._read_processes(index, values)
-        except _Lost as exc:
-            log.warning("GPU %d (%s) is not answering: %s", index, self._ids[index].uuid, exc)
-            up = False
-        return DeviceSample(self._ids[index], up, values, dict(self._info[index]), processes)
+            now = self._clock()
+            out = []
+            for card in self._cards:
+                if not card.up and now < card.retry_at:
+                    out.append(DeviceSample(card.id, False, info=dict(card.info)))
+                    continue
+                values: dict[SeriesKey, float] = {}
+                try:
+                    if not card.up:
+                        self._attach(card)
+                        log.warning("GPU %d (%s) is back", card.index, card.id.uuid)
+                    self._read_values(card.index, values)
+                    processes = self._read_processes(card.index, values)
+                except _Lost as exc:
+                    self._mark_lost(card, str(exc))
+                    out.append(DeviceSample(card.id, False, info=dict(card.info)))
+                    continue
+                card.up = True
+                card.backoff = 0.0
+                out.append(DeviceSample(card.id, True, values, dict(card.info), processes))
+            return out
 
     def _read_values(self, index: int, values: dict[SeriesKey, float]) -> None:
-        smi = self._smi
+        enabled = self._config.collector_enabled
+        for group, reader in (
+            ("utilization", self._utilization),
+            ("memory", self._memory),
+            ("temperature", self._temperature),
+            ("power", self._power),
+            ("clocks", self._clocks),
+            ("fan", self._fan),
+            ("pcie", self._pcie),
+            ("ecc", self._ecc),
+        ):
+            if enabled(group):
+                reader(index, _Values(values))
 
-        def put(key: str, value: Any, scale: float = 1.0, labels: tuple[str, ...] = ()) -> None:
-            v = number(value)
-            if v is not None:
-                values[(key, labels)] = v * scale
-
-        def put_ratio(key: str, percent: Any) -> None:
-            v = number(percent)
-            if v is not None and 0 <= v <= 100:
-                values[(key, ())] = v / 100
-
+    def _utilization(self, index: int, v: _Values) -> None:
         activity = self._call(index, "amdsmi_get_gpu_activity") or {}
-        put_ratio("utilization", activity.get("gfx_activity"))
-        put_ratio("memory_utilization", activity.get("umc_activity"))
-        put_ratio("multimedia_utilization", activity.get("mm_activity"))
+        v.ratio("utilization", activity.get("gfx_activity"))
+        v.ratio("memory_utilization", activity.get("umc_activity"))
+        v.ratio("multimedia_utilization", activity.get("mm_activity"))
 
-        vram = smi.AmdSmiMemoryType.VRAM
+    def _memory(self, index: int, v: _Values) -> None:
+        vram = self._smi.AmdSmiMemoryType.VRAM
         total = self._call(index, "amdsmi_get_gpu_memory_total", vram)
         used = self._call(index, "amdsmi_get_gpu_memory_usage", vram)
         if total is None or used is None:  # older cards and packages: the MB-granular call
             usage = self._call(index, "amdsmi_get_gpu_vram_usage") or {}
             total = total if total is not None else _scaled(usage.get("vram_total"), _MIB)
             used = used if used is not None else _scaled(usage.get("vram_used"), _MIB)
-        put("memory_total", total)
-        put("memory_used", used)
+        v.put("memory_total", total)
+        v.put("memory_used", used)
 
-        temp, metric = smi.AmdSmiTemperatureType, smi.AmdSmiTemperatureMetric.CURRENT
-        put("temp_gpu", self._call(index, "amdsmi_get_temp_metric", temp.EDGE, metric, label="edge"))
-        put(
-            "temp_junction",
-            self._call(index, "amdsmi_get_temp_metric", temp.HOTSPOT, metric, label="hotspot"),
-        )
-        mem_temp = number(self._call(index, "amdsmi_get_temp_metric", temp.VRAM, metric, label="vram"))
-        if mem_temp is None:  # HBM parts report per stack: the hottest stack is what matters
-            stacks = [
-                number(
-                    self._call(
-                        index, "amdsmi_get_temp_metric", getattr(temp, f"HBM_{n}"), metric, label=f"hbm_{n}"
-                    )
-                )
-                for n in range(4)
-            ]
-            known = [t for t in stacks if t is not None]
-            mem_temp = max(known) if known else None
-        put("temp_memory", mem_temp)
+    def _temp(self, index: int, sensor: str) -> float | None:
+        smi = self._smi
+        member = getattr(smi.AmdSmiTemperatureType, sensor)
+        current = smi.AmdSmiTemperatureMetric.CURRENT
+        return number(self._call(index, "amdsmi_get_temp_metric", member, current, label=sensor.lower()))
 
+    def _temperature(self, index: int, v: _Values) -> None:
+        v.put("temp_gpu", self._temp(index, "EDGE"))
+        v.put("temp_junction", self._temp(index, "HOTSPOT"))
+        memory = self._temp(index, "VRAM")
+        if memory is None:  # HBM parts report per stack: the hottest stack is what matters
+            stacks = [t for t in (self._temp(index, f"HBM_{n}") for n in range(4)) if t is not None]
+            memory = max(stacks) if stacks else None
+        v.put("temp_memory", memory)
+
+    def _power(self, index: int, v: _Values) -> None:
         power = self._call(index, "amdsmi_get_power_info") or {}
         watts = number(power.get("current_socket_power"))  # MI300-class: instantaneous
         if watts is None:
             watts = number(power.get("average_socket_power"))  # older: averaged by the firmware
-        put("power", watts)
+        v.put("power", watts)
         cap = self._call(index, "amdsmi_get_power_cap_info") or {}
-        put("power_limit", cap.get("power_cap"), 1e-6)  # µW
-
+        v.put("power_limit", cap.get("power_cap"), 1e-6)  # µW
         energy = self._call(index, "amdsmi_get_energy_count") or {}
         accumulator = number(energy.get("energy_accumulator"), frozenset({0xFFFFFFFFFFFFFFFF}))
         resolution = number(energy.get("counter_resolution"))
         if accumulator is not None and resolution is not None and resolution > 0:
-            values[("energy", ())] = accumulator * resolution * 1e-6  # µJ -> J
+            v.put("energy", accumulator * resolution * 1e-6)  # µJ -> J
 
-        clk = smi.AmdSmiClkType
+    def _clocks(self, index: int, v: _Values) -> None:
+        clk = self._smi.AmdSmiClkType
         for domain, ctype in (("graphics", clk.GFX), ("memory", clk.MEM), ("soc", clk.SOC)):
             info = self._call(index, "amdsmi_get_clock_info", ctype, label=domain) or {}
-            put(f"clock_{domain}", info.get("clk"), _MHZ)
-            put(f"clock_max_{domain}", info.get("max_clk"), _MHZ)
+            v.put(f"clock_{domain}", info.get("clk"), _MHZ)
+            v.put(f"clock_max_{domain}", info.get("max_clk"), _MHZ)
 
+    def _fan(self, index: int, v: _Values) -> None:
         speed = number(self._call(index, "amdsmi_get_gpu_fan_speed", 0))
         if speed is not None:
             top = number(self._call(index, "amdsmi_get_gpu_fan_speed_max", 0)) or 255.0
             if 0 <= speed <= top:
-                values[("fan_speed", ())] = speed / top
+                v.put("fan_speed", speed / top)
 
+    def _pcie(self, index: int, v: _Values) -> None:
         pcie = (self._call(index, "amdsmi_get_pcie_info") or {}).get("pcie_metric") or {}
-        put("pcie_link_width", pcie.get("pcie_width"))
-        rate = number(pcie.get("pcie_speed"))
+        v.put("pcie_link_width", pcie.get("pcie_width"))
+        rate = number(pcie.get("pcie_speed"))  # MT/s
         if rate is not None and int(rate) in _PCIE_GEN:
-            values[("pcie_link_generation", ())] = float(_PCIE_GEN[int(rate)])
-        put("pcie_bandwidth", pcie.get("pcie_bandwidth"), 1e6 / 8)  # Mb/s -> bytes/s
-        put("pcie_replay", pcie.get("pcie_replay_count"))
+            v.put("pcie_link_generation", _PCIE_GEN[int(rate)])
+        v.put("pcie_bandwidth", pcie.get("pcie_bandwidth"), 1e6 / 8)  # Mb/s -> bytes/s
+        v.put("pcie_replay", pcie.get("pcie_replay_count"))
 
+    def _ecc(self, index: int, v: _Values) -> None:
         ecc = self._call(index, "amdsmi_get_gpu_total_ecc_count") or {}
-        put("ecc_corrected_volatile", ecc.get("correctable_count"))
-        put("ecc_uncorrected_volatile", ecc.get("uncorrectable_count"))
+        v.put("ecc_corrected_volatile", ecc.get("correctable_count"))
+        v.put("ecc_uncorrected_volatile", ecc.get("uncorrectable_count"))
         for block in _ECC_BLOCKS:
-            member = getattr(smi.AmdSmiGpuBlock, block, None)
+            member = getattr(self._smi.AmdSmiGpuBlock, block, None)
             if member is None:
                 continue
             counts = self._call(index, "amdsmi_get_gpu_ecc_count", member, label=block) or {}
             label = (block.lower(),)
-            put("ecc_block_corrected", counts.get("correctable_count"), labels=label)
-            put("ecc_block_uncorrected", counts.get("uncorrectable_count"), labels=label)
+            v.put("ecc_block_corrected", counts.get("correctable_count"), labels=label)
+            v.put("ecc_block_uncorrected", counts.get("uncorrectable_count"), labels=label)
 
     def _read_processes(self, index: int, values: dict[SeriesKey, float]) -> tuple[ProcessUsage, ...]:
+        if not self._config.collector_enabled("processes"):
+            return ()
         listed = self._call(index, "amdsmi_get_gpu_process_list")
         if listed is None:
             return ()
@@ -353,6 +385,25 @@ class AmdBackend:
         if known or not processes:
             values[("processes_memory", ())] = float(sum(known))
         return tuple(processes)
+
+
+class _Values:
+    """Puts readings into a sample's values, leaving out what is not a number."""
+
+    __slots__ = ("values",)
+
+    def __init__(self, values: dict[SeriesKey, float]) -> None:
+        self.values = values
+
+    def put(self, key: str, value: Any, scale: float = 1.0, labels: tuple[str, ...] = ()) -> None:
+        v = number(value)
+        if v is not None:
+            self.values[(key, labels)] = v * scale
+
+    def ratio(self, key: str, percent: Any) -> None:
+        v = number(percent)
+        if v is not None and 0 <= v <= 100:  # activity above 100 % is a sentinel, not a reading
+            self.values[(key, ())] = v / 100
 
 
 def _scaled(value: Any, scale: float) -> float | None:

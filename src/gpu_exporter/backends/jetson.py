@@ -142,6 +142,7 @@ class JetsonBackend:
     def __init__(self, config: Config) -> None:
         self._sysfs = Path(config.path_sysfs)
         self._procfs = Path(config.path_procfs)
+        self._enabled = config.collector_enabled
         self.errors: Counter[str] = Counter()
         self._lock = threading.Lock()
         self._gpu: GpuNode | None = None
@@ -214,20 +215,29 @@ class JetsonBackend:
                 self.errors["devfreq"] += 1
                 return [DeviceSample(self._device, False, {}, dict(self._info))]
             values: dict[SeriesKey, float] = {}
-            self._read_gpu(gpu, values)
-            self._read_thermal(values)
-            self._read_rails(values)
-            self._read_memory(values)
+            enabled = self._enabled
+            if enabled("utilization"):
+                self._read_load(gpu, values)
+            if enabled("clocks"):
+                self._read_clocks(gpu, values)
+            if enabled("temperature"):
+                self._read_thermal(values)
+            if enabled("power"):
+                self._read_rails(values)
+            if enabled("memory"):
+                self._read_memory(values)
             self._last_up = True
             return [DeviceSample(self._device, True, values, dict(self._info))]
 
-    def _read_gpu(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
+    def _read_load(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
         load = self._int(gpu.load, "load")
         if load is not None:
             if 0 <= load <= 1000:
                 values[("utilization", ())] = load / 1000
             else:
                 self.errors["load"] += 1
+
+    def _read_clocks(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
         for key, attr in (
             ("clock_graphics", "cur_freq"),
             ("clock_min_graphics", "min_freq"),
