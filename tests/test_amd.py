@@ -9,7 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from fakes.fake_amdsmi import (
+from gpu_exporter.backends import amd
+from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.config import Config
+
+from .fakes.fake_amdsmi import (
     AMDSMI_STATUS_DRIVER_NOT_LOADED,
     AMDSMI_STATUS_FILE_ERROR,
     AMDSMI_STATUS_NOT_SUPPORTED,
@@ -17,9 +21,6 @@ from fakes.fake_amdsmi import (
     mi210,
     mi300x,
 )
-from gpu_exporter.backends import amd
-from gpu_exporter.backends.base import BackendError, NoDevicesError
-from gpu_exporter.config import Config
 
 GiB = 1024**3
 

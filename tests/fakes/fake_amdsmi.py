@@ -291,9 +291,7 @@ def mi210(index: int = 1) -> FakeCard:
         fan=(64, 255),
         pcie=_pcie(16, 16000, "N/A", "N/A"),
         ecc_total={"correctable_count": 0, "uncorrectable_count": 1, "deferred_count": 0},
-        ecc_blocks={
-            AmdSmiGpuBlock.UMC: {"correctable_count": 0, "uncorrectable_count": 1, "deferred_count": 0}
-        },
+        ecc_blocks={AmdSmiGpuBlock.UMC: {"correctable_count": 0, "uncorrectable_count": 1, "deferred_count": 0}},
         processes=[],
     )
 
@@ -403,9 +401,7 @@ class FakeAmdSmi:
         total, used = self._supported(card.vram_total), self._supported(card.vram_used)
         return {"vram_total": total // (1024 * 1024), "vram_used": used // (1024 * 1024)}
 
-    def amdsmi_get_temp_metric(
-        self, h: Any, sensor: AmdSmiTemperatureType, metric: AmdSmiTemperatureMetric
-    ) -> int:
+    def amdsmi_get_temp_metric(self, h: Any, sensor: AmdSmiTemperatureType, metric: AmdSmiTemperatureMetric) -> int:
         if not isinstance(sensor, AmdSmiTemperatureType):
             raise AmdSmiParameterException(sensor, AmdSmiTemperatureType)
         if not isinstance(metric, AmdSmiTemperatureMetric):
