@@ -6,6 +6,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpu_exporter.backends import jetson
 from gpu_exporter.backends.base import BackendError, NoDevicesError
@@ -231,3 +233,38 @@ def test_disabled_collectors_leave_their_files_alone(tree):
     assert not any(k in ("memory_total", "power_rail", "board_power") for k, _ in s.values)
     assert s.values[("utilization", ())] == pytest.approx(0.447)
     assert backend.errors == {}
+
+
+ATTRIBUTES = (
+    "sys/devices/platform/bus@0/17000000.gpu/load",
+    "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu/cur_freq",
+    "sys/devices/platform/bus@0/17000000.gpu/devfreq/17000000.gpu/governor",
+    "sys/class/thermal/thermal_zone1/temp",
+    "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1/in1_input",
+    "sys/devices/platform/bus@0/c240000.i2c/i2c-1/1-0040/hwmon/hwmon1/curr1_input",
+    "proc/meminfo",
+)
+
+
+def test_any_file_contents_give_sane_values_or_counted_errors(tmp_path_factory):
+    """Whatever bytes the attribute files hold, read() returns finite, in-range values and never raises."""
+    root = tmp_path_factory.mktemp("fuzz") / "orin-jp6"
+    shutil.copytree(FIXTURES / "orin-jp6", root, symlinks=True)
+    backend = jetson.create(config_for(root))
+    backend.open()
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    @given(st.sampled_from(ATTRIBUTES), st.binary(max_size=40))
+    def check(attribute, content):
+        (root / attribute).write_bytes(content)
+        [s] = backend.read()
+        assert s.up
+        for (key, labels), value in s.values.items():
+            assert value == value and abs(value) != float("inf"), (key, value)
+            if key == "utilization":
+                assert 0 <= value <= 1
+            if key == "frequency_governor":
+                assert len(labels) == 1 and labels[0] and labels[0].isprintable()
+        shutil.copy2(FIXTURES / "orin-jp6" / attribute, root / attribute)
+
+    check()
