@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ctypes.util
 import logging
 import subprocess
 import sys
@@ -60,6 +61,7 @@ def test_mi300_reads_current_power_junction_and_hottest_hbm_stack():
     assert scalar(gpu, "multimedia_utilization") is None  # "N/A"
     assert scalar(gpu, "memory_total") == 206141652992
     assert scalar(gpu, "memory_used") == 12 * GiB
+    assert scalar(gpu, "memory_free") == 206141652992 - 12 * GiB
     assert scalar(gpu, "energy") == pytest.approx(123_456_789_012 * 15.259e-6)
     assert scalar(gpu, "clock_graphics") == 2100e6
     assert scalar(gpu, "clock_max_graphics") == 2100e6
@@ -257,6 +259,10 @@ def test_not_supported_is_the_real_status_code():
     assert AMDSMI_STATUS_NOT_SUPPORTED == amd.STATUS_NOT_SUPPORTED == 2
 
 
+@pytest.mark.skipif(
+    bool(ctypes.util.find_library("amd_smi")) or Path("/opt/rocm/lib/libamd_smi.so").exists(),
+    reason="ROCm's libamd_smi.so is installed here",
+)
 def test_real_package_without_rocm_library_gives_library_not_found(tmp_path):
     """The installed amdsmi raises KeyError at import when libamd_smi.so is missing (as here)."""
     code = (

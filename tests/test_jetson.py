@@ -116,6 +116,7 @@ def test_board_layout_reads_every_value(board):
     assert v.get(("power", ())) == pytest.approx(want["gpu_power"])
     assert v[("memory_total", ())] == want["mem_total_kb"] * 1024
     assert v[("memory_used", ())] == (want["mem_total_kb"] - want["mem_avail_kb"]) * 1024
+    assert v[("memory_free", ())] == want["mem_avail_kb"] * 1024  # what a new allocation can still get
     assert s.info["memory"] == "shared" and s.info["vendor"] == "nvidia"
     assert s.info["name"].endswith(f"({want['chip']})")
     assert s.device.gpu == "0" and s.device.uuid.startswith("jetson-")
@@ -160,7 +161,7 @@ def test_garbage_contents_are_absent_and_counted(tree):
     (root / "sys/class/thermal/thermal_zone1/temp").write_text("hot")
     (root / "proc/meminfo").write_text("MemTotal: lots\n")
     backend, s = read_board(root)
-    for key in ("utilization", "clock_graphics", "temp_gpu", "memory_total", "memory_used"):
+    for key in ("utilization", "clock_graphics", "temp_gpu", "memory_total", "memory_used", "memory_free"):
         assert (key, ()) not in s.values
     assert not any(k == "frequency_governor" for k, _ in s.values)
     assert s.values[("clock_max_graphics", ())] == 1377e6

@@ -80,6 +80,7 @@ def test_same_quantity_has_the_same_name_for_every_vendor():
         "gpu_utilization_ratio",
         "gpu_memory_total_bytes",
         "gpu_memory_used_bytes",
+        "gpu_memory_free_bytes",
         "gpu_temperature_celsius",
         "gpu_clock_hertz",
         "gpu_clock_max_hertz",

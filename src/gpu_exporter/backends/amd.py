@@ -299,6 +299,9 @@ class AmdBackend:
             used = used if used is not None else _scaled(usage.get("vram_used"), _MIB)
         v.put("memory_total", total)
         v.put("memory_used", used)
+        total, used = number(total), number(used)
+        if total is not None and used is not None and used <= total:
+            v.put("memory_free", total - used)
 
     def _temp(self, index: int, sensor: str) -> float | None:
         smi = self._smi

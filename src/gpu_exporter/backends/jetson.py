@@ -295,6 +295,7 @@ class JetsonBackend:
             return
         values[("memory_total", ())] = float(fields["MemTotal"])
         values[("memory_used", ())] = float(max(0, fields["MemTotal"] - fields["MemAvailable"]))
+        values[("memory_free", ())] = float(min(fields["MemAvailable"], fields["MemTotal"]))
 
 
 def create(config: Config) -> JetsonBackend:
