@@ -269,3 +269,29 @@ def test_any_file_contents_give_sane_values_or_counted_errors(tmp_path_factory):
         shutil.copy2(FIXTURES / "orin-jp6" / attribute, root / attribute)
 
     check()
+
+
+def test_mali_gpu_on_another_arm_board_is_not_taken_for_a_jetson(tmp_path):
+    """Rockchip boards also name their devfreq GPU node ``*.gpu``; the device tree says it is not NVIDIA."""
+    devices = tmp_path / "sys/devices/platform/ff9a0000.gpu"
+    (devices / "devfreq/ff9a0000.gpu").mkdir(parents=True)
+    (devices / "devfreq/ff9a0000.gpu/cur_freq").write_text("800000000\n")
+    (devices / "of_node").mkdir()
+    (devices / "of_node/name").write_text("gpu\0")
+    (devices / "of_node/compatible").write_text("rockchip,rk3399-mali\0arm,mali-t860\0")
+    (devices / "devfreq/ff9a0000.gpu/device").symlink_to("../../../ff9a0000.gpu")
+    (tmp_path / "sys/class/devfreq").mkdir(parents=True)
+    (tmp_path / "sys/class/devfreq/ff9a0000.gpu").symlink_to("../../devices/platform/ff9a0000.gpu/devfreq/ff9a0000.gpu")
+    assert (tmp_path / "sys/class/devfreq/ff9a0000.gpu/device/of_node/name").exists()  # the tree is wired up
+    backend = jetson.create(config_for(tmp_path))
+    with pytest.raises(NoDevicesError):
+        backend.open()
+
+
+def test_gpu_node_without_compatible_counts_on_an_nvidia_board(tree):
+    root = tree("orin-jp6")
+    (root / "sys/firmware/devicetree/base/bus@0/gpu@17000000/compatible").unlink()
+    (root / "sys/firmware/devicetree/base/compatible").write_text("nvidia,p3768-0000+p3767-0000\0nvidia,tegra234\0")
+    _, s = read_board(root)
+    assert s.info["name"].endswith("(gpu)")
+    assert s.values[("utilization", ())] == pytest.approx(0.447)

@@ -29,7 +29,10 @@ __all__ = ["JetsonBackend", "create", "find_gpu"]
 log = logging.getLogger(__name__)
 
 # device-tree node names of Jetson GPUs: gm20b (Nano, TX1), gp10b (TX2), gv11b (Xavier), ga10b (Orin)
-GPU_NODE_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b", "gpu"})
+CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})
+# a node merely called "gpu" (Nano, Orin on JetPack 6) is also what Mali boards (Rockchip, Allwinner)
+# call theirs, so it counts only when the device tree says NVIDIA
+GPU_NODE_NAMES = CHIP_NAMES | {"gpu"}
 INPUT_RAILS = ("VDD_IN", "VIN", "POM_5V_IN")  # the whole module's input
 GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
 # load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
@@ -80,6 +83,9 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
         if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES:
             continue
         compatible = _first_word(of_node / "compatible")  # "nvidia,ga10b" or "nvidia,tegra210-gm20b"
+        if not _is_nvidia(sysfs, compatible) and node_name not in CHIP_NAMES and suffix not in CHIP_NAMES:
+            log.debug("devfreq %s is a GPU but not an NVIDIA one (%s)", entry.name, compatible or "?")
+            continue
         chip = compatible.partition(",")[2].rpartition("-")[2] if "," in compatible else ""
         chip = chip or (suffix if suffix != "gpu" else node_name) or entry.name
         load: Path | None = None
@@ -89,6 +95,14 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
                 break
         return GpuNode(entry, chip, load)
     return None
+
+
+def _is_nvidia(sysfs: Path, compatible: str) -> bool:
+    """The GPU node, or failing that the board, is NVIDIA's according to the device tree."""
+    if compatible:
+        return compatible.startswith("nvidia,")
+    board = _safe_read(sysfs / "firmware" / "devicetree" / "base" / "compatible")
+    return "nvidia," in board
 
 
 def _monitors(sysfs: Path, patterns: tuple[str, ...]) -> list[Path]:
