@@ -5,6 +5,7 @@ with ``ast`` from the installed files."""
 from __future__ import annotations
 
 import ast
+import functools
 import importlib.util
 import inspect
 from enum import IntEnum
@@ -23,10 +24,12 @@ if _spec is None or _spec.origin is None:  # pragma: no cover - amdsmi is a test
 PACKAGE = Path(_spec.origin).parent
 
 
+@functools.cache
 def parse(name: str) -> ast.Module:
     return ast.parse((PACKAGE / name).read_text(encoding="utf-8"))
 
 
+@functools.cache
 def real_functions() -> dict[str, list[str]]:
     return {
         node.name: [a.arg for a in node.args.args]
@@ -35,6 +38,7 @@ def real_functions() -> dict[str, list[str]]:
     }
 
 
+@functools.cache
 def wrapper_constants() -> dict[str, int]:
     out: dict[str, int] = {}
     for node in parse("amdsmi_wrapper.py").body:
@@ -49,6 +53,7 @@ def wrapper_constants() -> dict[str, int]:
     return out
 
 
+@functools.cache
 def real_enums() -> dict[str, dict[str, int]]:
     constants = wrapper_constants()
     enums: dict[str, dict[str, int]] = {}
