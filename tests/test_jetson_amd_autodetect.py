@@ -4,13 +4,7 @@ from __future__ import annotations
 
 import logging
 import os
-import shutil
-import signal
-import socket
-import subprocess
 import sys
-import time
-import urllib.request
 from pathlib import Path
 
 import pynvml
@@ -20,6 +14,7 @@ from gpu_exporter.backends import base
 from gpu_exporter.backends.base import BackendError
 from gpu_exporter.config import Config
 
+from .conftest import child_env, promtool_check
 from .fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,65 +101,25 @@ def __getattr__(name):
 """
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def test_cli_auto_serves_amd_and_jetson_on_one_page(tmp_path):
+def test_cli_auto_serves_amd_and_jetson_on_one_page(tmp_path, exporter):
     shim = tmp_path / "shim"
     shim.mkdir()
     (shim / "amdsmi.py").write_text(SHIM.format(root=str(ROOT)))
-    port = free_port()
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
-    env["PYTHONPATH"] = os.pathsep.join([str(shim), str(ROOT / "src")])
-    env["PYTHONUNBUFFERED"] = "1"
-    log_path = tmp_path / "exporter.log"
-    with open(log_path, "w") as log_file:
-        proc = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "gpu_exporter",
-                "--gpu-vendor=auto",
-                f"--path.sysfs={ORIN / 'sys'}",
-                f"--path.procfs={ORIN / 'proc'}",
-                f"--web.listen-address=127.0.0.1:{port}",
-                "--gpu-metrics-collection-interval=200ms",
-            ],
-            env=env,
-            stdout=log_file,
-            stderr=subprocess.STDOUT,
-        )
-    try:
-        page = ""
-        deadline = time.monotonic() + 20
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=2) as response:
-                    page = response.read().decode()
-                if "gpu_board_input_power_watts" in page and 'name="AMD Instinct MI300X"' in page:
-                    break
-            except OSError:
-                pass
-            time.sleep(0.1)
-        log_text = log_path.read_text()
-        assert 'name="AMD Instinct MI300X"' in page, log_text
-        assert "gpu_board_input_power_watts" in page
-        assert 'memory="shared"' in page
-        assert 'gpu_exporter_backend_healthy{backend="amd"} 1.0' in page
-        assert 'gpu_exporter_backend_healthy{backend="jetson"} 1.0' in page
-        assert "auto-detect: using " in log_text and "amd, jetson" in log_text
-        tool = shutil.which("promtool")
-        if tool:
-            done = subprocess.run([tool, "check", "metrics"], input=page, capture_output=True, text=True, timeout=30)
-            assert done.returncode == 0, done.stdout + done.stderr
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=5)
-    assert proc.returncode == 0
+    env = child_env(PYTHONPATH=os.pathsep.join([str(shim), str(ROOT / "src")]))
+    proc = exporter(
+        "--gpu-vendor=auto",
+        f"--path.sysfs={ORIN / 'sys'}",
+        f"--path.procfs={ORIN / 'proc'}",
+        "--gpu-metrics-collection-interval=200ms",
+        env=env,
+    ).start()
+    page = proc.scrape()
+    assert proc.stop() == 0
+    log_text = proc.output()
+    assert 'name="AMD Instinct MI300X"' in page, log_text
+    assert "gpu_board_input_power_watts" in page
+    assert 'memory="shared"' in page
+    assert 'gpu_exporter_backend_healthy{backend="amd"} 1.0' in page
+    assert 'gpu_exporter_backend_healthy{backend="jetson"} 1.0' in page
+    assert "auto-detect: using " in log_text and "amd, jetson" in log_text
+    promtool_check(page)

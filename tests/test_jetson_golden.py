@@ -6,8 +6,6 @@ Set UPDATE_GOLDEN=1 to rewrite the expected pages after an intended change, then
 from __future__ import annotations
 
 import os
-import shutil
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -18,20 +16,11 @@ from gpu_exporter.config import Config
 from gpu_exporter.exposition import native_view, render
 from gpu_exporter.model import Sample
 
+from .conftest import promtool_check
 from .fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
 
 FIXTURES = Path(__file__).parent / "fixtures"
 BOARDS = ("nano", "xavier", "orin-jp5", "orin-jp6")
-
-
-def promtool_check(text: str) -> None:
-    tool = shutil.which("promtool")
-    if tool is None:
-        if os.environ.get("CI"):
-            pytest.fail("promtool is required in CI (Debian package prometheus)")
-        pytest.skip("promtool not installed")
-    done = subprocess.run([tool, "check", "metrics"], input=text, capture_output=True, text=True, timeout=30)
-    assert done.returncode == 0, done.stdout + done.stderr
 
 
 def check_golden(path: Path, text: str) -> None:
