@@ -577,3 +577,16 @@ def families(metrics: Iterable[Metric] = CATALOG) -> tuple[Family, ...]:
 
 if len(_BY_KEY) != len(CATALOG):  # pragma: no cover - guarded by tests as well
     raise ValueError("duplicate catalog key")
+
+
+def markdown_table() -> str:
+    """The README's metric list, generated so that it cannot drift from the code."""
+    rows = ["| metric | type | labels | group | DCGM equivalent |", "|---|---|---|---|---|"]
+    for fam in families():
+        consts = sorted({f'{k}="{v}"' for m in fam.metrics for k, v in m.const_labels})
+        dynamic = sorted({label for m in fam.metrics for label in m.labels})
+        labels = ", ".join([*consts, *dynamic]) or "-"
+        groups = ", ".join(dict.fromkeys(m.group for m in fam.metrics))
+        dcgm = ", ".join(m.dcgm for m in fam.metrics if m.dcgm) or "-"
+        rows.append(f"| `{fam.name}` | {fam.type} | {labels} | {groups} | {dcgm} |")
+    return "\n".join(rows) + "\n"
