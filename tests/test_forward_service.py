@@ -18,7 +18,8 @@ from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
-from mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
+
+from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -207,7 +208,9 @@ def test_a_corrupt_spool_entry_is_moved_aside_and_counted(tmp_path: Path, broker
         _, registry = running(ring)
         assert wait_until(lambda: old_boot in sub.seqs() and len(sub.seqs()[old_boot]) == 3, 10)
         assert sub.seqs()[old_boot] == {1, 2, 5}
-        assert metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="corrupt") == 1
+        assert wait_until(
+            lambda: metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="corrupt") == 1, 5
+        )
         assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="corrupt") == 2
         aside = list((spool_dir / "corrupt").iterdir())
         assert len(aside) == 1 and aside[0].read_bytes() == b"\x1f\x8b not gzip at all"
