@@ -255,7 +255,7 @@ def _raw(v: float | None) -> float | str | None:
 # ---------------------------------------------------------------------------------------------- decode
 
 
-def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
+def decode(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
     """The batch in ``data`` (gzip or plain JSON). Raises PayloadError, and only that, when invalid."""
     try:
         return _decode(data, max_bytes)
@@ -269,7 +269,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:200]
 
 
-def _decode(data: bytes, max_bytes: int) -> Batch:
+def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Batch:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
     data = bytes(data)
