@@ -36,7 +36,11 @@ def make_sample(seq: int, noisy: bool = False) -> Sample:
                 ("utilization", ()): (seq * 7 + i) % 101 / 100,
                 ("power", ()): 200 + (seq % 1000) / 1000,
                 ("memory_used", ()): float(2**30 + seq * 4096),
-                **({("sm_active", ()): random.random(), ("tensor_active", ()): random.random()} if noisy else {}),
+                **(
+                    {("pcie_tx", ()): float(random.getrandbits(48)), ("pcie_rx", ()): float(random.getrandbits(48))}
+                    if noisy
+                    else {}
+                ),
             },
             {"name": "sim"},
         )
@@ -230,3 +234,27 @@ def test_samples_of_a_killed_run_are_recovered_from_the_journal(tmp_path: Path, 
     after = Spool(str(spool_dir), 1 << 30, 1e9)
     assert after.open() == []
     assert Entry.parse("q.000000000001.1.2.3.4.5") == Entry(1, 1, 2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("digits", ["6", "0"])
+def test_fractional_gauges_travel_with_the_configured_digits_and_counters_exactly(
+    broker: Broker, running: Any, digits: str
+) -> None:
+    ring = RingBuffer(16)
+    dev = DeviceId("0", "GPU-0000")
+    values = {
+        ("sm_active", ()): 0.27080922905007754,
+        ("power", ()): 496.47200000000004,
+        ("energy", ()): 12345.6789012345,
+    }
+    ring.append(Sample(1, time.time(), (DeviceSample(dev, True, dict(values)),)))
+    with Collector(broker) as sub:
+        running(ring, **{"mqtt.value-digits": digits})
+        assert wait_until(lambda: sub.count() == 1, 10)
+    got = sub.batches[0].samples[0].devices[0].values
+    if digits == "0":
+        assert got == values
+    else:
+        assert got[("sm_active", ())] == 0.270809
+        assert got[("power", ())] == 496.472
+        assert got[("energy", ())] == 12345.6789012345  # a counter: never rounded
