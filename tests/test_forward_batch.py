@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -366,3 +367,12 @@ def test_peek_and_verify_reject_what_breaks_in_a_damaged_file() -> None:
                 reader(bad)
     with pytest.raises(PayloadError, match="v1 batch"):
         codec.verify(gzip.compress(b'{"format":"something-else"}'))
+
+
+def test_the_example_in_docs_payload_md_is_a_valid_batch() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "payload.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    doc = json.loads(example)
+    VALIDATOR.validate(doc)
+    batch = decode(example.encode())
+    assert batch.samples[2].devices[0].values[("power", ())] == 244.0

@@ -278,3 +278,14 @@ def test_bad_forwarding_flags_exit_2_with_one_line(tmp_path: Path, flags: list[s
     assert result.returncode == 2, err
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_status_is_retained_online_and_the_will_says_offline_when_the_agent_dies(
+    tmp_path: Path, broker: Broker, procs: list[Proc]
+) -> None:
+    flags = [*FAST, f"--mqtt.url={broker.url}", f"--spool.dir={tmp_path / 'spool'}", "--mqtt.keepalive=5s"]
+    exporter = run_exporter(procs, tmp_path, *flags)
+    with Collector(broker) as sub:  # subscribes after the fact: only a retained message can tell
+        assert wait_until(lambda: sub.status.get("gpu-exporter/edge-1/status") == b"online", 10)
+        exporter.stop(signal.SIGKILL)
+        assert wait_until(lambda: sub.status.get("gpu-exporter/edge-1/status") == b"offline", 15)
