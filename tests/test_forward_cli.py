@@ -125,7 +125,10 @@ def test_exporter_killed_during_an_outage_loses_no_sample(tmp_path: Path, broker
         broker.stop()
         assert wait_until(lambda: first.metric("gpu_exporter_forward_connected") == 0, 10)
         time.sleep(5)  # ~25 samples at 200 ms, spooled and journaled
+        assert first.metric('gpu_exporter_forward_connect_errors_total{kind="unreachable"}') >= 3  # retried
         assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+        # an unreachable broker is one clear line, however many retries the outage took
+        assert len(_problem_lines(first.log(), "refused the TCP connection")) == 1, first.log()
         held = spooled_seqs(spool_dir, boot)
         received = sub.seqs().get(boot, set())
         assert len(held - received) >= 15, "the outage should have left samples in the spool"

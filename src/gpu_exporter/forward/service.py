@@ -182,7 +182,6 @@ class Forwarder:
                 self._turn()
         except Exception:
             log.exception("forwarder stopped by an unexpected error; samples are no longer forwarded")
-            raise
         finally:
             self._shutdown()
 
@@ -205,6 +204,8 @@ class Forwarder:
             if self._open.samples:
                 self._close_batch()
             deadline = self._clock() + 2.0
+            if self.link.up:
+                self._send()  # the batch just closed, so that the last samples leave with us
             while self.link.up and self._inflight and self._clock() < deadline:
                 self.link.step(timeout=0.05)
             self.link.close(status=b"offline")
