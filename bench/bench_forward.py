@@ -252,7 +252,37 @@ def rss_kib(pid: int) -> tuple[int, int]:
     return int(fields["VmRSS"].split()[0]), int(fields["VmHWM"].split()[0])
 
 
+def _exporter(port: int, *extra: str) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
+    args = [
+        sys.executable,
+        "-m",
+        "gpu_exporter",
+        "--gpu-vendor=fake",
+        f"--fake.gpus={GPUS}",
+        "--gpu-metrics-collection-interval=1s",
+        f"--web.listen-address=127.0.0.1:{port}",
+        f"--metrics-buffer-size={RING}",
+        "--log.level=error",
+        *extra,
+    ]
+    return subprocess.Popen(args, env=env)
+
+
+RING = 64  # ring capacity for the RSS runs, so that the ring is full (and flat) within the run
+
+
 def bench_rss(cap: str, seconds: float) -> dict[str, float]:
+    """RSS of the exporter without forwarding, and with forwarding and a spool at its cap (broker down,
+    then draining). Both with a small ring, so the figures compare like with like once the ring is full;
+    the ring's own cost grows with --metrics-buffer-size, forwarding or not."""
+    plain = _exporter(free_port())
+    try:
+        time.sleep(2 * seconds)
+        base_rss = rss_kib(plain.pid)
+    finally:
+        plain.send_signal(signal.SIGTERM)
+        plain.wait(20)
     cap_bytes = parse_size(cap)
     base = simulated_samples(96)
     with tempfile.TemporaryDirectory() as tmp:
@@ -265,25 +295,15 @@ def bench_rss(cap: str, seconds: float) -> dict[str, float]:
         print(f"  spool prefilled: {len(spool)} batches, {spool.total_bytes / 2**20:.0f} MiB (cap {cap})")
         spool.close()
         broker = Mosquitto(work)
-        env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
-        port = free_port()
-        args = [
-            sys.executable,
-            "-m",
-            "gpu_exporter",
-            "--gpu-vendor=fake",
-            f"--fake.gpus={GPUS}",
-            "--gpu-metrics-collection-interval=1s",
-            f"--web.listen-address=127.0.0.1:{port}",
+        proc = _exporter(
+            free_port(),
             f"--mqtt.url=mqtt://127.0.0.1:{broker.port}",
             f"--spool.dir={work / 'spool'}",
             f"--spool.max-bytes={cap}",
-            "--mqtt.batch-interval=5s",
+            "--mqtt.batch-interval=2s",
             "--mqtt.reconnect-max-delay=1s",
             "--spool.replay-rate=20",
-            "--log.level=error",
-        ]
-        proc = subprocess.Popen(args, env=env)
+        )
         try:
             time.sleep(seconds)  # broker down: sampling, spooling at the cap
             offline = rss_kib(proc.pid)
@@ -294,9 +314,11 @@ def bench_rss(cap: str, seconds: float) -> dict[str, float]:
             proc.send_signal(signal.SIGTERM)
             proc.wait(20)
             broker.stop()
-    print(f"  exporter RSS, 8 GPUs, full spool, broker down: {offline[0] / 1024:.1f} MiB")
-    print(f"  exporter RSS while draining: {online[0] / 1024:.1f} MiB; peak (VmHWM) {online[1] / 1024:.1f} MiB")
+    print(f"  exporter RSS, {GPUS} GPUs, ring of {RING}, no forwarding: {base_rss[0] / 1024:.1f} MiB")
+    print(f"  with forwarding, full spool, broker down: {offline[0] / 1024:.1f} MiB")
+    print(f"  while draining: {online[0] / 1024:.1f} MiB; peak (VmHWM) {online[1] / 1024:.1f} MiB")
     return {
+        "rss_plain_mib": base_rss[0] / 1024,
         "rss_offline_mib": offline[0] / 1024,
         "rss_draining_mib": online[0] / 1024,
         "rss_peak_mib": online[1] / 1024,

@@ -221,10 +221,10 @@ class Forwarder:
             self.metrics.missed.inc(missed)
             log.warning("forwarder fell behind the ring buffer: %d samples lost", missed)
         for sample in samples:
-            sample = self._round(sample)
             if not self._open.samples:
                 self._open = _OpenBatch(self._clock())
-            data = encode(Batch(self.node, self.boot, (sample,)), level=1)
+            # The open batch keeps the ring's own Sample objects (no copy); rounding happens per encode.
+            data = encode(Batch(self.node, self.boot, (self._round(sample),)), level=1)
             key = self.spool.journal(self.boot, sample.seq, data)
             if key is None:
                 self.metrics.spool_errors.inc()
@@ -265,7 +265,7 @@ class Forwarder:
 
     def _store(self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "") -> list[Entry]:
         """Encode (splitting what exceeds --mqtt.batch-max-bytes) and spool; journal keys go with it."""
-        data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))
+        data = encode(Batch(node or self.node, boot or self.boot, tuple(self._round(s) for s in samples)))
         devices = sum(max(1, len(s.devices)) for s in samples)
         self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
         if len(data) > self.config.mqtt_batch_max_bytes and len(samples) > 1:
