@@ -9,6 +9,11 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 import cramjam
+import paho.mqtt.client as mqtt
+
+from gpu_exporter import catalog
+from gpu_exporter.forward.batch import Batch
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -112,3 +117,77 @@ class ScriptedReceiver:
     def url(self) -> str:
         assert self.server is not None
         return f"http://127.0.0.1:{self.server.server_address[1]}/api/v1/write"
+
+
+# ------------------------------------------------------------------------------------ batches and MQTT
+
+KEYS = ("utilization", "memory_used", "temp_gpu", "power", "energy", "clock_sm", "pcie_tx")
+
+
+def make_batch(
+    node: str, boot: str, seqs: list[int], t0: float, gpus: int = 2, step: float = 5.0, mig: bool = False
+) -> Batch:
+    """A batch as an exporter would forward it: ``gpus`` devices, a handful of catalog metrics each."""
+    samples = []
+    for seq in seqs:
+        devices = []
+        for g in range(gpus):
+            values: dict[tuple[str, tuple[str, ...]], float] = {
+                ("utilization", ()): round(((seq * 7 + g * 13) % 100) / 100, 2),
+                ("memory_used", ()): float(1024 * 1024 * (1000 + seq + g)),
+                ("temp_gpu", ()): float(40 + (seq + g) % 30),
+                ("power", ()): round(100 + (seq % 50) * 1.5 + g, 3),
+                ("energy", ()): 1000.0 * seq + g,
+                ("clock_sm", ()): 1_410_000_000.0,
+                ("pcie_tx", ()): float(1000 * (seq % 17)),
+            }
+            if seq % 3 == 0:
+                values[("xid_errors", ("79",))] = float(seq // 3)
+            device = DeviceId(str(g), f"GPU-{node}-{g}")
+            if mig and g == 0:
+                device = DeviceId("0", f"MIG-{node}-0", "1", "0", "1g.10gb", f"GPU-{node}-0")
+            devices.append(DeviceSample(device, True, values, {"name": "Simulated GPU", "driver": "550.1"}))
+        samples.append(Sample(seq, t0 + (seq - seqs[0]) * step, tuple(devices)))
+    return Batch(node, boot, tuple(samples))
+
+
+def expected_points(
+    batch: Batch, node_label: str = "node"
+) -> set[tuple[frozenset[tuple[str, str]], int, float]]:
+    """Every (labels, timestamp ms, value) a receiver should hold for ``batch``'s device metrics."""
+    out = set()
+    for sample in batch.samples:
+        ts = round(sample.timestamp * 1000)
+        for dev in sample.devices:
+            for (key, dyn), value in dev.values.items():
+                metric = catalog.by_key(key)
+                labels = {"__name__": metric.name, node_label: batch.node, **dict(dev.device.labels())}
+                labels.update(metric.const_labels)
+                labels.update(zip(metric.labels, dyn, strict=True))
+                out.add((frozenset(labels.items()), ts, value))
+    return out
+
+
+def stored_points(
+    samples: dict[frozenset[tuple[str, str]], list[tuple[int, float]]],
+) -> set[tuple[frozenset[tuple[str, str]], int, float]]:
+    return {(labels, t, v) for labels, points in samples.items() for t, v in points}
+
+
+class Publisher:
+    """A QoS 1 MQTT publisher that waits for each PUBACK."""
+
+    def __init__(self, port: int, client_id: str = "test-publisher") -> None:
+        self.client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=client_id, protocol=mqtt.MQTTv5)
+        self.client.connect("127.0.0.1", port)
+        self.client.loop_start()
+
+    def publish(self, topic: str, payload: bytes, retain: bool = False, timeout: float = 10.0) -> None:
+        info = self.client.publish(topic, payload, qos=1, retain=retain)
+        info.wait_for_publish(timeout)
+        if not info.is_published():
+            raise TimeoutError(f"no PUBACK for {topic} within {timeout}s")
+
+    def close(self) -> None:
+        self.client.disconnect()
+        self.client.loop_stop()
