@@ -3,7 +3,8 @@
 Each value becomes a sample of the series ``<catalog name>{<device labels>, <constant labels>,
 <dynamic labels>, node="<node>"}`` at the sample's original timestamp, so that the cloud sees the same
 series the node's /metrics page shows, plus ``node``. Each device present in a sample also yields
-``gpu_up`` (1 or 0) and, when it has identity strings, ``gpu_info{...} 1``.
+``gpu_up`` (1 or 0) and, when it has identity strings, ``gpu_info{...} 1``, as on the /metrics page
+(exposition.native_view).
 
 Label sets are cached: the same node, device and metric give the same tuple batch after batch. Series
 that have a value in every sample of a batch share one timestamp list, which lets the encoder pack
@@ -103,17 +104,19 @@ class Converter:
                 for dev in sample.devices:
                     out.gpu_samples += 1
                     cache = self._device_cache(node, dev.device)
-                    for series, value in dev.values.items():
-                        labels = self._labels(node, dev.device, cache, series)
-                        if labels is None:
-                            out.unknown_keys.add(series[0])
-                            continue
+                    for labels, value in self._device_series(node, dev.device, dev.up, dev.info, cache):
                         col = columns.get(labels)
                         if col is None:
                             col = columns[labels] = ([], [])
                         col[0].append(ts)
                         col[1].append(value)
-                    for labels, value in self._device_series(node, dev.device, dev.up, dev.info, cache):
+                    if not dev.up:  # like the /metrics page: a device that did not answer has no values
+                        continue
+                    for series, value in dev.values.items():
+                        labels = self._labels(node, dev.device, cache, series)
+                        if labels is None:
+                            out.unknown_keys.add(series[0])
+                            continue
                         col = columns.get(labels)
                         if col is None:
                             col = columns[labels] = ([], [])
@@ -161,9 +164,7 @@ class Converter:
                 pairs.update(device.labels())
                 pairs["__name__"] = INFO_METRIC
                 pairs[self.node_label] = node
-                info_labels = cache[info_key] = tuple(
-                    sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
-                )
+                info_labels = cache[info_key] = tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k)))
                 self._cached += 1
             out.append((info_labels, 1.0))
         return out

@@ -79,9 +79,7 @@ class BridgeMetrics:
         self.queue = Gauge(
             p + "queue_messages", "Messages received and not yet written and acknowledged.", registry=registry
         )
-        self.connected = Gauge(
-            p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry
-        )
+        self.connected = Gauge(p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry)
 
 
 class Liveness(Collector):

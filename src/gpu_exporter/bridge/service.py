@@ -177,9 +177,7 @@ class Bridge:
         self.liveness = Liveness()
         registry.register(self.liveness)
         self.dedup = SeqTracker(max_streams=settings.dedup_streams)
-        self.handler = MessageHandler(
-            settings.topic_prefix, self.metrics, settings.max_payload, self.liveness
-        )
+        self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
         self._stop = threading.Event()
         self._queue: queue.Queue[Received] = queue.Queue()
         self._converter = Converter(settings.node_label)
@@ -204,9 +202,7 @@ class Bridge:
         if settings.group:
             self.batch_topic = f"$share/{settings.group}/{self.batch_topic}"
         self.status_topic = f"{prefix}/+/status"
-        self._client = mqtt.Client(
-            mqtt.CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5
-        )
+        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
         self._client.manual_ack_set(True)
         self._client.reconnect_delay_set(min_delay=1, max_delay=30)
         if settings.mqtt_username:
@@ -255,18 +251,14 @@ class Bridge:
         client.subscribe([(self.batch_topic, 1), (self.status_topic, 1)])
         self.metrics.connected.set(1)
 
-    def _on_subscribe(
-        self, client: mqtt.Client, userdata: Any, mid: int, rcs: list[ReasonCode], props: Any
-    ) -> None:
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, rcs: list[ReasonCode], props: Any) -> None:
         failed = [str(rc) for rc in rcs if rc.is_failure]
         if failed:
             log.error("MQTT broker refused the subscription to %s: %s", self.batch_topic, ", ".join(failed))
             return
         self._connected.set()
 
-    def _on_disconnect(
-        self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any
-    ) -> None:
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         self.metrics.connected.set(0)
         self._connected.clear()
         if not self._stop.is_set():
@@ -306,9 +298,7 @@ class Bridge:
                 log.info("stopping with %d messages unwritten; the broker delivers them again", len(msgs))
                 return
             except Exception:  # never let the writer die: the messages stay unacknowledged
-                log.exception(
-                    "unexpected error while writing %d messages; they stay unacknowledged", len(msgs)
-                )
+                log.exception("unexpected error while writing %d messages; they stay unacknowledged", len(msgs))
                 self._stop.wait(1.0)
                 continue
             for m in msgs:
