@@ -176,7 +176,9 @@ def _duration_at_least(low: float) -> Callable[[str], float]:
 
 
 def _max_payload(text: str) -> int:
-    size = parse_size(text)
+    from gpu_exporter.units import parse_size as size_of
+
+    size = size_of(text)
     if size < 1024:
         raise ValueError(f"{text!r} is below the 1KiB minimum")
     return size

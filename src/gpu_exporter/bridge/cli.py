@@ -163,7 +163,7 @@ def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = No
         return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
     host, _, port = listen.rpartition(":")
     try:
-        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)  # noqa: S104
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
     except OSError as exc:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {listen}: {reason}", 1)

@@ -113,13 +113,13 @@ class Converter:
                     if not dev.up:  # like the /metrics page: a device that did not answer has no values
                         continue
                     for series, value in dev.values.items():
-                        labels = self._labels(node, dev.device, cache, series)
-                        if labels is None:
+                        found = self._labels(node, dev.device, cache, series)
+                        if found is None:
                             out.unknown_keys.add(series[0])
                             continue
-                        col = columns.get(labels)
+                        col = columns.get(found)
                         if col is None:
-                            col = columns[labels] = ([], [])
+                            col = columns[found] = ([], [])
                         col[0].append(ts)
                         col[1].append(value)
             for labels, (ts_list, values) in columns.items():

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
@@ -202,7 +203,7 @@ class Bridge:
         if settings.group:
             self.batch_topic = f"$share/{settings.group}/{self.batch_topic}"
         self.status_topic = f"{prefix}/+/status"
-        self._client = mqtt.Client(mqtt.CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
         self._client.manual_ack_set(True)
         self._client.reconnect_delay_set(min_delay=1, max_delay=30)
         if settings.mqtt_username:
@@ -227,7 +228,7 @@ class Bridge:
     # ------------------------------------------------------------------------------------------- MQTT
 
     def start(self) -> None:
-        props = Properties(PacketTypes.CONNECT)
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = int(self.settings.session_expiry)
         props.ReceiveMaximum = self.settings.receive_maximum
         self._client.connect_async(self._host, self._port, keepalive=30, clean_start=False, properties=props)
@@ -315,8 +316,7 @@ class Bridge:
             batch = self.handler.decode(m)
             if batch is None:
                 continue
-            key = (batch.node, batch.boot)
-            taken = pending.setdefault(key, set())
+            taken = pending.setdefault((batch.node, batch.boot), set())
             seqs = [s.seq for s in batch.samples]
             fresh = [i for i in self.dedup.unseen(batch.node, batch.boot, seqs) if seqs[i] not in taken]
             replays += len(seqs) - len(fresh)
