@@ -73,8 +73,11 @@ def start_receiver(workdir: Path) -> tuple[str, subprocess.Popen[bytes] | None, 
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             port = s.getsockname()[1]
-        proc = subprocess.Popen([vm, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={workdir}",
-                                 "-loggerLevel=ERROR"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [vm, f"-httpListenAddr=127.0.0.1:{port}", f"-storageDataPath={workdir}", "-loggerLevel=ERROR"],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             try:
@@ -91,8 +94,10 @@ def start_receiver(workdir: Path) -> tuple[str, subprocess.Popen[bytes] | None, 
 
 def run_rounds(url: str, rounds: list[list[bytes]], group: int) -> list[float]:
     """GPU-samples per CPU-second of each round; round 0 warms the caches (new nodes) and is left out."""
-    bridge = Bridge(BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url=url, max_messages=group,
-                                   rw_max_samples=20_000), CollectorRegistry())
+    bridge = Bridge(
+        BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url=url, max_messages=group, rw_max_samples=20_000),
+        CollectorRegistry(),
+    )
     rates = []
     for r, payloads in enumerate(rounds):
         msgs = [Received(i + 1, 1, "gpu-exporter/edge/batch", p) for i, p in enumerate(payloads)]
@@ -153,13 +158,16 @@ def main() -> int:
                 proc.wait(10)
     per = stages(rounds[0], rounds[1])
     median = statistics.median(rates)
-    print(f"bridge: {args.nodes} nodes x {args.samples} samples x {args.gpus} GPUs ({values:.0f} values per GPU, "
-          f"{sum(map(len, payloads)) / len(payloads) / 1024:.1f} KiB per payload), written to {what}")
+    print(
+        f"bridge: {args.nodes} nodes x {args.samples} samples x {args.gpus} GPUs ({values:.0f} values per GPU, "
+        f"{sum(map(len, payloads)) / len(payloads) / 1024:.1f} KiB per payload), written to {what}"
+    )
     print(f"  runs (GPU-samples per CPU-second): {', '.join(f'{r:,.0f}' for r in rates)}")
-    print(f"  median: {median:,.0f} GPU-samples/s per core = {median * values:,.0f} series samples/s per core "
-          f"= {median * 5 / args.gpus:,.0f} 8-GPU nodes at 5 s")
-    print("  CPU per GPU-sample by stage (no HTTP): "
-          + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per.items()))
+    print(
+        f"  median: {median:,.0f} GPU-samples/s per core = {median * values:,.0f} series samples/s per core "
+        f"= {median * 5 / args.gpus:,.0f} 8-GPU nodes at 5 s"
+    )
+    print("  CPU per GPU-sample by stage (no HTTP): " + ", ".join(f"{k} {v * 1e6:.1f} us" for k, v in per.items()))
     return 0
 
 

@@ -8,7 +8,6 @@ import cramjam
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge_helpers import decode_write_request
 from gpu_exporter.bridge.remote_write import (
     HEADERS,
     Series,
@@ -18,6 +17,8 @@ from gpu_exporter.bridge.remote_write import (
     split_by_samples,
     split_by_time,
 )
+
+from .bridge_helpers import decode_write_request
 
 
 def test_write_request_round_trips_with_sorted_labels_and_exact_values() -> None:

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge_helpers import ScriptedReceiver
 from gpu_exporter.bridge.metrics import BridgeMetrics
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
-from tsdb import PrometheusServer, VictoriaMetricsServer
+
+from .bridge_helpers import ScriptedReceiver
+from .tsdb import PrometheusServer, VictoriaMetricsServer
 
 pytestmark = pytest.mark.integration
 

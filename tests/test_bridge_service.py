@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge_helpers import Publisher, expected_points, make_batch, stored_points
 from gpu_exporter.bridge.service import Bridge, BridgeSettings
 from gpu_exporter.forward.batch import encode
-from tsdb import MosquittoServer, PrometheusServer, VictoriaMetricsServer, wait_until
+
+from .bridge_helpers import Publisher, expected_points, make_batch, stored_points
+from .tsdb import MosquittoServer, PrometheusServer, VictoriaMetricsServer, wait_until
 
 pytestmark = pytest.mark.integration
 
