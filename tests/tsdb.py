@@ -210,6 +210,8 @@ class MosquittoServer(Server):
             f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
             f"max_queued_messages {max_queued}\nmax_inflight_messages 100\n"
             f"log_dest stdout\nlog_type error\nlog_type warning\n"
+            # as root, mosquitto would drop to its own user and could not write its store in tmp_path
+            + ("user root\n" if os.geteuid() == 0 else "")
         )
 
     def command(self) -> list[str]:
