@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import http.server
+import signal
 import struct
+import subprocess
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import cramjam
 import paho.mqtt.client as mqtt
@@ -14,6 +18,9 @@ import paho.mqtt.client as mqtt
 from gpu_exporter import catalog
 from gpu_exporter.forward.batch import Batch
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+
+from .conftest import child_env
+from .tsdb import MosquittoServer, free_port, http_get, wait_until
 
 
 def _varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -189,3 +196,40 @@ class Publisher:
     def close(self) -> None:
         self.client.disconnect()
         self.client.loop_stop()
+
+
+class BridgeProcess:
+    def __init__(self, tmp: Path, broker: MosquittoServer, write_url: str, client_id: str, *extra: str) -> None:
+        self.port = free_port()
+        self.log = tmp / f"bridge-{client_id}.log"
+        self.args = [
+            f"--mqtt.url={broker.url}",
+            f"--remote-write.url={write_url}",
+            f"--bridge.client-id={client_id}",
+            f"--bridge.listen-address=127.0.0.1:{self.port}",
+            "--remote-write.max-backoff=500ms",
+            *extra,
+        ]
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> BridgeProcess:
+        with open(self.log, "ab") as log:
+            self.proc = subprocess.Popen(
+                [sys.executable, "-m", "gpu_exporter", "bridge", *self.args],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=child_env(),
+            )
+        wait_until(lambda: b"mqtt_connected 1.0" in http_get(f"http://127.0.0.1:{self.port}/metrics"), 20, "bridge")
+        return self
+
+    def metric(self, name: str) -> float:
+        for line in http_get(f"http://127.0.0.1:{self.port}/metrics").decode().splitlines():
+            if line.startswith(name + " "):
+                return float(line.split()[1])
+        return 0.0
+
+    def stop(self, sig: int = signal.SIGTERM) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            self.proc.wait(15)

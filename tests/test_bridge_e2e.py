@@ -6,59 +6,19 @@ from __future__ import annotations
 
 import math
 import signal
-import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from .bridge_helpers import stored_points
-from .conftest import Exporter, child_env
+from .bridge_helpers import BridgeProcess, stored_points
+from .conftest import Exporter
 from .mosquitto import Collector
-from .tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, free_port, http_get, wait_until
+from .tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
 NODE = "edge-e2e"
-
-
-class BridgeProcess:
-    def __init__(self, tmp: Path, broker: MosquittoServer, write_url: str, client_id: str, *extra: str) -> None:
-        self.port = free_port()
-        self.log = tmp / f"bridge-{client_id}.log"
-        self.args = [
-            f"--mqtt.url={broker.url}",
-            f"--remote-write.url={write_url}",
-            f"--bridge.client-id={client_id}",
-            f"--bridge.listen-address=127.0.0.1:{self.port}",
-            "--remote-write.max-backoff=500ms",
-            *extra,
-        ]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> BridgeProcess:
-        import sys
-
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_exporter", "bridge", *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(),
-            )
-        wait_until(lambda: b"mqtt_connected 1.0" in http_get(f"http://127.0.0.1:{self.port}/metrics"), 20, "bridge")
-        return self
-
-    def metric(self, name: str) -> float:
-        for line in http_get(f"http://127.0.0.1:{self.port}/metrics").decode().splitlines():
-            if line.startswith(name + " "):
-                return float(line.split()[1])
-        return 0.0
-
-    def stop(self, sig: int = signal.SIGTERM) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            self.proc.wait(15)
 
 
 def expected(collector: Collector) -> set[tuple[frozenset[tuple[str, str]], int, float]]:

@@ -209,9 +209,8 @@ class MosquittoServer(Server):
             f"listener {self.port} 127.0.0.1\nallow_anonymous true\n"
             f"persistence true\npersistence_location {workdir}/\nautosave_interval 1\n"
             f"max_queued_messages {max_queued}\nmax_inflight_messages 100\n"
-            f"log_dest stdout\nlog_type error\nlog_type warning\n"
+            f"log_dest stdout\nlog_type error\nlog_type warning\n" + ("user root\n" if os.geteuid() == 0 else "")
             # as root, mosquitto would drop to its own user and could not write its store in tmp_path
-            + ("user root\n" if os.geteuid() == 0 else "")
         )
 
     def command(self) -> list[str]:
