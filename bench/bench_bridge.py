@@ -29,6 +29,7 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import config as cfg
 from gpu_exporter.backends import base
 from gpu_exporter.bridge import columns
+from gpu_exporter.bridge.cli import tune_gc
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import WriteEncoder, compress
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
@@ -146,6 +147,7 @@ def main() -> int:
     args = parser.parse_args()
 
     rounds = make_payloads(args.nodes, args.runs + 1, args.samples, args.gpus)
+    tune_gc()  # as `gpu-exporter bridge` does
     payloads = rounds[0]
     values = sum(len(d.values) for d in decode(payloads[0]).samples[0].devices) / args.gpus
     with tempfile.TemporaryDirectory() as tmp:

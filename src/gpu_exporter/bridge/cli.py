@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import gc
 import logging
 import signal
 import socket
@@ -24,7 +25,7 @@ from gpu_exporter import config as cfg
 if TYPE_CHECKING:
     from gpu_exporter.bridge.service import BridgeSettings
 
-__all__ = ["main", "settings_from"]
+__all__ = ["main", "run", "settings_from", "tune_gc"]
 
 log = logging.getLogger("gpu_exporter.bridge")
 
@@ -151,11 +152,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return run(settings, config.bridge_listen_address)
 
 
+def tune_gc() -> None:
+    """Collect the youngest generation every 20,000 allocations instead of 700.
+
+    The writer allocates a few lists and tuples per series and frees them a moment later, and hardly
+    ever makes a reference cycle; with the default threshold the collector runs thousands of times a
+    second and takes a third of the bridge's CPU (bench/bench_bridge.py).
+    """
+    gc.set_threshold(20_000, 10, 10)
+
+
 def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = None) -> int:
     """Run the bridge until SIGTERM/SIGINT (or ``stop`` is set)."""
     from gpu_exporter.bridge.service import Bridge
 
     stop = stop or threading.Event()
+    tune_gc()
     registry = CollectorRegistry(auto_describe=True)
     try:
         bridge = Bridge(settings, registry)

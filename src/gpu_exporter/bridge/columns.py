@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 import operator
 from dataclasses import dataclass
 from typing import Any
@@ -33,6 +34,7 @@ class ColumnDevice:
     info: dict[str, str]
     up: list[int | None]  # per sample: 1, 0, or None when the device is absent from that sample
     columns: list[list[float | None] | None]  # per metric (``ColumnBatch.metrics``), per sample
+    gaps: bool = False  # some column holds a null (a value missing from some sample)
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,33 +131,66 @@ def from_document(doc: Any) -> ColumnBatch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded = [None if col is None else _column(f"{where}.columns[{j}]", col, n) for j, col in enumerate(cols)]
+        decoded = _columns(where, cols, n)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
-        devices.append(ColumnDevice(device, dict(info), up, decoded))
+        gaps = any(None in col for col in decoded if col is not None)
+        devices.append(ColumnDevice(device, dict(info), up, decoded, gaps))
     return ColumnBatch(node, boot, seqs, times, metrics, devices)
 
 
-_int_types = {int}
+_INT = {int}
+_NUMBER = {int, float}
+_VALUES_ONLY = {"values"}
+_DELTA_ONLY = {"delta"}
+_DELTA_SCALE = {"delta", "scale"}
 
 
-def _column(where: str, value: Any, n: int) -> list[float | None]:
-    """A plain delta column (integers, no nulls) decoded in C loops; anything else by the codec."""
-    if type(value) is dict and "values" not in value:
-        deltas = value.get("delta")
-        scale = value.get("scale", 0)
-        if (
-            type(deltas) is list
-            and len(deltas) == n
-            and type(scale) is int
-            and 0 <= scale <= codec.MAX_SCALE
-            and len(value) == (2 if "scale" in value else 1)
-            and set(map(type, deltas)) <= _int_types
-            and n
-        ):
-            totals = list(itertools.accumulate(deltas))
-            if max(map(abs, deltas)) < _SAFE and max(map(abs, totals)) < _SAFE:
-                return list(map(operator.truediv, totals, itertools.repeat(10**scale)))
-    return codec._column(where, value, n)
+def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | None]:
+    """Every column of one device. Plain integer-delta columns (the encoder's usual output) are checked
+    together and decoded in C loops; any other column goes through the codec's own ``_column``."""
+    fast: list[tuple[int, list[int], int]] = []  # (position, deltas, scale)
+    out: list[list[float | None] | None] = [None] * len(cols)
+    done = set()
+    for j, col in enumerate(cols):
+        if type(col) is dict:
+            keys = col.keys()
+            if keys == _VALUES_ONLY:
+                raw = col["values"]
+                # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
+                if type(raw) is list and len(raw) == n and set(map(type, raw)) <= _NUMBER:
+                    floats = list(map(float, raw))
+                    if all(map(math.isfinite, floats)):
+                        out[j] = floats  # type: ignore[assignment]
+                        done.add(j)
+                continue
+            if keys == _DELTA_ONLY:
+                scale = 0
+            elif keys == _DELTA_SCALE:
+                scale = col["scale"]
+                if type(scale) is not int or not 0 <= scale <= codec.MAX_SCALE:
+                    continue
+            else:
+                continue
+            deltas = col["delta"]
+            if type(deltas) is list and len(deltas) == n:
+                fast.append((j, deltas, scale))
+    if fast:
+        flat = list(itertools.chain.from_iterable(d for _, d, _ in fast))
+        # Every entry an int (no bool, no null), and no running total can reach the codec's limit.
+        if not (set(map(type, flat)) <= _INT and max(map(abs, flat), default=0) * n < _SAFE):
+            # some column is unusual (a null, a large number): sort them out one by one
+            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n < _SAFE]
+    truediv, repeat, accumulate = operator.truediv, itertools.repeat, itertools.accumulate
+    for j, deltas, scale in fast:
+        if scale:
+            out[j] = list(map(truediv, accumulate(deltas), repeat(10**scale)))
+        else:
+            out[j] = list(map(float, accumulate(deltas)))
+        done.add(j)
+    for j, col in enumerate(cols):
+        if j not in done and col is not None:
+            out[j] = codec._column(f"{where}.columns[{j}]", col, n)
+    return out

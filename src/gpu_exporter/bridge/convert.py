@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from gpu_exporter import catalog
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.remote_write import LabelSet, Series, encode_labels
-from gpu_exporter.model import DeviceId
+from gpu_exporter.model import DeviceId, SeriesKey
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
@@ -40,6 +40,20 @@ class _Entry:
         self.block = encode_labels(labels)
 
 
+class _Device:
+    """What the converter remembers about one device of one node."""
+
+    __slots__ = ("entries", "info", "metrics", "series", "unknown", "up")
+
+    def __init__(self) -> None:
+        self.series: dict[SeriesKey, _Entry | None] = {}
+        self.up: _Entry | None = None
+        self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
+        self.metrics: tuple[SeriesKey, ...] | None = None  # the metrics list ``entries`` was made for
+        self.entries: list[_Entry | None] = []
+        self.unknown: set[str] = set()
+
+
 @dataclass
 class Converted:
     series: list[Series] = field(default_factory=list)
@@ -56,29 +70,29 @@ class Converter:
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
         self._cache_size = cache_size
-        self._devices: dict[tuple[str, DeviceId], dict[object, _Entry | None]] = {}
+        self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
 
-    def _device_cache(self, node: str, device: DeviceId) -> dict[object, _Entry | None]:
+    def _device_cache(self, node: str, device: DeviceId) -> _Device:
         key = (node, device)
         cache = self._devices.get(key)
         if cache is None:
             if self._cached >= self._cache_size:
                 self._devices.clear()
                 self._cached = 0
-            cache = self._devices[key] = {}
+            cache = self._devices[key] = _Device()
         return cache
 
     def _labels(
         self,
         node: str,
         device: DeviceId,
-        cache: dict[object, _Entry | None],
-        series: tuple[str, tuple[str, ...]],
+        cache: _Device,
+        series: SeriesKey,
     ) -> _Entry | None:
         """The labels of one catalog series on one device, None for an unknown key."""
         try:
-            return cache[series]
+            return cache.series[series]
         except KeyError:
             pass
         key, dynamic = series
@@ -91,83 +105,101 @@ class Converter:
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
             entry = _Entry(tuple(sorted(pairs)))
-        cache[series] = entry
+        cache.series[series] = entry
         self._cached += 1
         return entry
+
+    def _entries(self, node: str, device: DeviceId, cache: _Device, metrics: tuple[SeriesKey, ...]) -> _Device:
+        """The entry of each of a batch's metrics on one device; remade only when the metrics list changes."""
+        if cache.metrics != metrics:
+            cache.entries = [self._labels(node, device, cache, m) for m in metrics]
+            cache.unknown = {m[0] for m, e in zip(metrics, cache.entries, strict=True) if e is None}
+            cache.metrics = metrics
+        return cache
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
         """Series for each batch's samples at the given positions (None: all of them)."""
         out = Converted()
-        # label set -> parts (timestamp list, values), oldest batch first
-        parts: dict[_Entry, list[tuple[list[int], list[float]]]] = {}
-
-        def add(labels: _Entry, stamps: list[int], values: list[float]) -> None:
-            found = parts.get(labels)
-            if found is None:
-                parts[labels] = [(stamps, values)]
-            else:
-                found.append((stamps, values))
+        pieces: list[tuple[_Entry, list[int], list[float]]] = []
+        add = pieces.append
 
         def first_time(item: tuple[ColumnBatch, list[int] | None]) -> int:
             batch, keep = item
             return batch.times_ms[keep[0] if keep else 0]
 
-        for batch, keep in sorted((i for i in items if i[1] is None or i[1]), key=first_time):
+        ordered = sorted((i for i in items if i[1] is None or i[1]), key=first_time)
+        for batch, keep in ordered:
             node = batch.node
             times = batch.times_ms if keep is None else [batch.times_ms[i] for i in keep]
             n = len(times)
             if out.newest_ms is None or times[-1] > out.newest_ms:
                 out.newest_ms = max(times)
+            metrics = tuple(batch.metrics)
             for dev in batch.devices:
                 cache = self._device_cache(node, dev.device)
                 up = dev.up if keep is None else [dev.up[i] for i in keep]
                 if None not in up and 0 not in up:  # the common case: present and answering throughout
-                    present = answering = None
+                    answering = None
                     out.gpu_samples += n
-                    stamps_up = stamps_ok = times
+                    stamps_up = times
                     flags = [1.0] * n
                 else:
                     present = [i for i, u in enumerate(up) if u is not None]
                     answering = [i for i in present if up[i]]
                     out.gpu_samples += len(present)
                     stamps_up = [times[i] for i in present]
-                    stamps_ok = [times[i] for i in answering]
                     flags = [float(up[i]) for i in present]  # type: ignore[arg-type]
                 if not stamps_up:
                     continue
-                up_labels, info_labels = self._device_labels(node, dev.device, dev.info, cache)
-                add(up_labels, stamps_up, flags)
-                if info_labels is not None:
-                    add(info_labels, stamps_up, [1.0] * len(stamps_up))
-                if not stamps_ok:
+                up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
+                add((up_entry, stamps_up, flags))
+                if info_entry is not None:
+                    add((info_entry, stamps_up, [1.0] * len(stamps_up)))
+                if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                for j, col in enumerate(dev.columns):
-                    if col is None:
-                        continue
-                    labels = self._labels(node, dev.device, cache, batch.metrics[j])
-                    if labels is None:
-                        out.unknown_keys.add(batch.metrics[j][0])
+                plan = self._entries(node, dev.device, cache, metrics)
+                if plan.unknown:
+                    out.unknown_keys |= plan.unknown
+                if keep is None and answering is None and not dev.gaps:  # the common case, in one C loop
+                    pieces += [  # no gaps: no column holds a None
+                        (e, times, c)  # type: ignore[misc]
+                        for e, c in zip(plan.entries, dev.columns, strict=True)
+                        if c is not None and e
+                    ]
+                    continue
+                for entry, col in zip(plan.entries, dev.columns, strict=True):
+                    if col is None or entry is None:
                         continue
                     if keep is not None:
                         col = [col[i] for i in keep]
                     if answering is None and None not in col:
-                        add(labels, times, col)  # type: ignore[arg-type]
+                        add((entry, times, col))  # type: ignore[arg-type]
                         continue
                     positions = range(n) if answering is None else answering
                     points = [(times[i], v) for i in positions if (v := col[i]) is not None]
                     if points:
-                        add(labels, [t for t, _ in points], [v for _, v in points])
+                        add((entry, [t for t, _ in points], [v for _, v in points]))
+        if len({b.node for b, _ in ordered}) == len(ordered):  # one batch per node: no series twice
+            out.series = [Series(e.labels, t, v, e.block) for e, t, v in pieces]
+            return out
+        parts: dict[_Entry, list[tuple[list[int], list[float]]]] = {}
+        for entry, stamps, values in pieces:
+            found = parts.get(entry)
+            if found is None:
+                parts[entry] = [(stamps, values)]
+            else:
+                found.append((stamps, values))
         joined: dict[tuple[int, ...], list[int]] = {}
-        for entry, pieces in parts.items():
+        for entry, group in parts.items():
             names = entry.labels
-            if len(pieces) == 1:
-                out.series.append(Series(names, pieces[0][0], pieces[0][1], entry.block))
+            if len(group) == 1:
+                out.series.append(Series(names, group[0][0], group[0][1], entry.block))
                 continue
-            ids = tuple(id(p[0]) for p in pieces)
+            ids = tuple(id(p[0]) for p in group)
             ts_all = joined.get(ids)
             if ts_all is None:
-                ts_all = joined[ids] = [t for p in pieces for t in p[0]]
-            values = [v for p in pieces for v in p[1]]
+                ts_all = joined[ids] = [t for p in group for t in p[0]]
+            values = [v for p in group for v in p[1]]
             if any(b <= a for a, b in itertools.pairwise(ts_all)):
                 merged = sorted(dict(zip(ts_all, values, strict=True)).items())
                 out.series.append(Series(names, [t for t, _ in merged], [v for _, v in merged], entry.block))
@@ -176,25 +208,23 @@ class Converter:
         return out
 
     def _device_labels(
-        self, node: str, device: DeviceId, info: dict[str, str], cache: dict[object, _Entry | None]
+        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device
     ) -> tuple[_Entry, _Entry | None]:
-        """The label sets of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
-        up_labels = cache.get(UP_METRIC)
-        if up_labels is None:
-            up_labels = cache[UP_METRIC] = _Entry(
-                tuple(sorted([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)]))
-            )
+        """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
+        up = cache.up
+        if up is None:
+            up = cache.up = _Entry(tuple(sorted([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])))
         if not info:
-            return up_labels, None
-        info_key = (INFO_METRIC, tuple(info.items()))
-        info_labels = cache.get(info_key)
-        if info_labels is None:
-            pairs = dict(info_key[1])
+            return up, None
+        key = tuple(info.items())
+        found = cache.info.get(key)
+        if found is None:
+            if len(cache.info) > 16:  # identity strings change rarely (a driver update)
+                cache.info.clear()
+            pairs = dict(key)
             pairs.update(device.labels())
             pairs["__name__"] = INFO_METRIC
             pairs[self.node_label] = node
-            info_labels = cache[info_key] = _Entry(
-                tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k)))
-            )
+            found = cache.info[key] = _Entry(tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))))
             self._cached += 1
-        return up_labels, info_labels
+        return up, found

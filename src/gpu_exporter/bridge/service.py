@@ -200,7 +200,7 @@ class Bridge:
         self.status_topic = f"{prefix}/+/status"
         self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
         self._client.manual_ack_set(True)
-        self._client.reconnect_delay_set(min_delay=0.5, max_delay=10)
+        self._client.reconnect_delay_set(min_delay=1, max_delay=10)
         if settings.mqtt_username:
             self._client.username_pw_set(settings.mqtt_username, settings.mqtt_password or None)
         if tls:
