@@ -105,3 +105,31 @@ def test_malformed_messages_are_counted_per_node_from_the_topic(receiver: Script
     value = registry.get_sample_value
     assert value("gpu_exporter_bridge_payloads_dropped_total", {"node": "edge-7", "reason": "malformed"}) == 2
     assert value("gpu_exporter_bridge_gpu_samples_written_total") == 2
+
+
+@pytest.mark.parametrize("where", ["node", "device", "info", "label"])
+def test_a_lone_surrogate_is_a_malformed_payload_not_a_stuck_write(receiver: ScriptedReceiver, where: str) -> None:
+    # JSON may escape a lone surrogate (\\ud800); Python decodes it, but it has no UTF-8 form, so it
+    # could never be written as a label. It must be dropped up front, not fail every write attempt.
+    registry = CollectorRegistry()
+    b = Bridge(BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url=receiver.url, topic_prefix="t"), registry)
+    doc = json.loads(encode(make_batch("edge-s", "boot", [1], time.time()), compress=False))
+    if where == "node":
+        doc["node"] = "edge-\ud800"
+    elif where == "device":
+        doc["devices"][0]["id"]["uuid"] = "GPU-\udfff"
+    elif where == "info":
+        doc["devices"][0]["info"]["name"] = "\ud800"
+    else:
+        doc["metrics"].append(["xid_errors", ["\ud800"]])
+        for dev in doc["devices"]:
+            dev["columns"].append(None)
+    before = len(receiver.requests)
+    assert b.process([_msg(json.dumps(doc).encode(), "t/edge-s/batch")]) == 0
+    assert len(receiver.requests) == before
+    assert (
+        registry.get_sample_value(
+            "gpu_exporter_bridge_payloads_dropped_total", {"node": "edge-s", "reason": "malformed"}
+        )
+        == 1
+    )

@@ -8,7 +8,8 @@ dict entries per GPU-sample, which is most of the bridge's CPU time.
 The same codec decides what is valid: this module calls the codec's own field validators and, for every
 column that is not a plain integer-delta column, the codec's own column decoder. tests/
 test_bridge_columns.py checks with hypothesis that ``read`` accepts exactly what ``batch.decode``
-accepts and yields the same values.
+accepts and yields the same values, with one deliberate exception: text that has no UTF-8 form (a lone
+surrogate written as a JSON escape) is rejected here, because it could never be sent as a label.
 """
 
 from __future__ import annotations
@@ -138,7 +139,25 @@ def from_document(doc: Any) -> ColumnBatch:
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         gaps = any(None in col for col in decoded if col is not None)
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps))
-    return ColumnBatch(node, boot, seqs, times, metrics, devices)
+    batch = ColumnBatch(node, boot, seqs, times, metrics, devices)
+    _check_encodable(batch)
+    return batch
+
+
+def _check_encodable(batch: ColumnBatch) -> None:
+    """Strings become label values, which remote write carries as UTF-8: a lone surrogate (a JSON
+    escape like \\ud800) would only fail later, in the middle of a write."""
+    texts = [batch.node, batch.boot]
+    for _, labels in batch.metrics:
+        texts.extend(labels)
+    for dev in batch.devices:
+        texts.extend(value for pair in dev.device.labels() for value in pair)
+        texts.extend(dev.info)
+        texts.extend(dev.info.values())
+    try:
+        "\0".join(texts).encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise codec.PayloadError(f"payload text is not valid UTF-8 ({exc.reason})") from None
 
 
 _INT = {int}

@@ -117,24 +117,24 @@ class MessageHandler:
         try:
             return self._decode(msg)
         except Exception as exc:  # the handler's promise: nothing escapes
-            self._drop(self.topic_node(str(msg.topic)), "malformed", f"{type(exc).__name__}: {exc}")
+            self.drop(self.topic_node(str(msg.topic)), "malformed", f"{type(exc).__name__}: {exc}")
             return None
 
     def _decode(self, msg: Received) -> ColumnBatch | None:
         node = self.topic_node(msg.topic)
         if len(msg.payload) > self._max_payload:
-            self._drop(node, "oversized", f"payload of {len(msg.payload)} bytes exceeds {self._max_payload}")
+            self.drop(node, "oversized", f"payload of {len(msg.payload)} bytes exceeds {self._max_payload}")
             return None
         try:
             batch = columns.read(msg.payload, max_bytes=self._max_payload)
         except codec.PayloadError as exc:
             reason = "oversized" if "limit" in str(exc) else "malformed"
-            self._drop(node, reason, str(exc))
+            self.drop(node, reason, str(exc))
             return None
         self._liveness.seen(batch.node)
         return batch
 
-    def _drop(self, node: str, reason: str, why: str) -> None:
+    def drop(self, node: str, reason: str, why: str) -> None:
         self._metrics.payloads_dropped.labels(node, reason).inc()
         with self._lock:
             first = node not in self._logged
@@ -289,18 +289,34 @@ class Bridge:
                 except queue.Empty:
                     break
             try:
-                self.process(msgs)
+                self.process_safely(msgs)
             except Stopped:
                 log.info("stopping with %d messages unwritten; the broker delivers them again", len(msgs))
                 return
-            except Exception:  # never let the writer die: the messages stay unacknowledged
-                log.exception("unexpected error while writing %d messages; they stay unacknowledged", len(msgs))
-                self._stop.wait(1.0)
-                continue
             for m in msgs:
                 if m.qos:
                     self._client.ack(m.mid, m.qos)
             self.metrics.queue.dec(len(msgs))
+
+    def process_safely(self, msgs: list[Received]) -> int:
+        """``process``, but a message that makes it fail (a bug, not a network error: those are retried
+        inside the sender) is dropped and counted after a retry on its own, so it cannot block the
+        stream or come back forever."""
+        try:
+            return self.process(msgs)
+        except Stopped:
+            raise
+        except Exception:
+            log.exception("unexpected error while writing %d messages; retrying them one by one", len(msgs))
+        written = 0
+        for m in msgs:
+            try:
+                written += self.process([m])
+            except Stopped:
+                raise
+            except Exception as exc:
+                self.handler.drop(self.handler.topic_node(m.topic), "error", f"{type(exc).__name__}: {exc}")
+        return written
 
     def process(self, msgs: list[Received]) -> int:
         """Decode, drop replays, write. Returns the samples written; raises Stopped when stopping."""
