@@ -47,6 +47,10 @@ def run_bridge(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
         (["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--bridge.node-label=__x"], "invalid label name"),
         (["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--bridge.group=a/b"], "shared-subscription"),
         (
+            ["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--remote-write.headers=Content-Type=x"],
+            "set by the bridge itself",
+        ),
+        (
             ["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--remote-write.password-file=/nonexistent"],
             "cannot read the remote-write password file",
         ),

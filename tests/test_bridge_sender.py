@@ -14,7 +14,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.metrics import BridgeMetrics
 from gpu_exporter.bridge.remote_write import Series
-from gpu_exporter.bridge.sender import RemoteWriter, Stopped
+from gpu_exporter.bridge.sender import RemoteWriter, Stopped, classify
 
 from .bridge_helpers import ScriptedReceiver
 from .tsdb import PrometheusServer, VictoriaMetricsServer
@@ -176,7 +176,6 @@ def test_basic_auth_and_bearer_token_headers() -> None:
 
 
 def test_https_with_a_private_ca(tmp_path: Path) -> None:
-    import http.server
     import ssl
 
     key, cert = tmp_path / "key.pem", tmp_path / "cert.pem"
@@ -215,4 +214,41 @@ def test_https_with_a_private_ca(tmp_path: Path) -> None:
         with pytest.raises(Stopped):  # an unverified certificate is a network error, retried
             untrusted.write(_series("m", [1]))
     assert len(rx.requests) == 1
-    del http.server
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "action", "reason"),
+    [
+        (500, b"too old sample\n", "refuse", "too_old"),  # Prometheus 2.42 with an out-of-order window
+        (400, b"out of bounds\n", "refuse", "too_old"),  # Prometheus without one
+        (400, b"out of order sample\n", "refuse", "out_of_order"),
+        (400, b"duplicate sample for timestamp\n", "refuse", "duplicate"),
+        (
+            400,
+            b"failed pushing to ingester: user=fleet: the sample has been rejected because its timestamp is too old "
+            b"(err-mimir-sample-timestamp-too-old)",
+            "refuse",
+            "too_old",
+        ),
+        (
+            400,
+            b"out-of-order samples are not allowed (err-mimir-sample-out-of-order)",
+            "refuse",
+            "out_of_order",
+        ),
+        (503, b"TSDB not ready", "retry", "server"),
+        (429, b"", "retry", "throttled"),
+        (404, b"404 page not found", "refuse", "client_error"),
+        (204, b"", "ok", ""),
+    ],
+)
+def test_answers_of_prometheus_and_mimir_are_classified(status: int, body: bytes, action: str, reason: str) -> None:
+    verdict = classify(status, body)
+    assert (verdict.action, verdict.reason) == (action, reason)
+
+
+def test_extra_headers_reach_the_receiver_and_cannot_override_the_protocol_ones() -> None:
+    with ScriptedReceiver(lambda n: (204, b"", {})) as rx:
+        RemoteWriter(rx.url, headers={"X-Scope-OrgID": "fleet", "Content-Type": "text/plain"}).write(_series("m", [1]))
+    assert rx.requests[0].headers["X-Scope-OrgID"] == "fleet"
+    assert rx.requests[0].headers["Content-Type"] == "application/x-protobuf"

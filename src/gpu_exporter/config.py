@@ -90,6 +90,7 @@ class Config:
     remote_write_timeout: float = 10.0
     remote_write_max_samples: int = 5000
     remote_write_max_backoff: float = 10.0
+    remote_write_headers: str = ""  # "Name=value,Name=value", e.g. X-Scope-OrgID=fleet
 
     # --- kubernetes options go below this line ---
 
@@ -167,6 +168,18 @@ def _http_url(text: str) -> str:
         raise ValueError(f"invalid URL {text!r}: {exc}") from None
     if url.scheme not in ("http", "https") or not url.hostname:
         raise ValueError(f"invalid URL {text!r} (use http://HOST[:PORT]/PATH or https://...)")
+    return value
+
+
+def _headers(text: str) -> str:
+    value = str(text).strip()
+    for item in filter(None, (part.strip() for part in value.split(","))):
+        name, sep, _ = item.partition("=")
+        if not sep or not re.match(r"^[A-Za-z0-9!#$%&'*+.^_`|~-]+$", name.strip()):
+            raise ValueError(f"invalid header {item!r} (use Name=value, comma-separated)")
+        if name.strip().lower() in ("content-type", "content-encoding", "content-length", "host",
+                                    "x-prometheus-remote-write-version"):
+            raise ValueError(f"header {name.strip()!r} is set by the bridge itself")
     return value
 
 
@@ -411,6 +424,9 @@ OPTIONS: tuple[Option, ...] = (
            "bridge: timeout of one remote-write request", "DURATION"),
     Option("remote-write.max-samples-per-request", "remote_write_max_samples", _positive_int,
            "bridge: larger writes are split into several requests", "N"),
+    Option("remote-write.headers", "remote_write_headers", _headers,
+           "bridge: extra HTTP headers, comma-separated Name=value (X-Scope-OrgID=fleet for Mimir, "
+           "THANOS-TENANT=fleet for Thanos Receive)", "LIST"),
     Option("remote-write.max-backoff", "remote_write_max_backoff", _duration_at_least(0.01),
            "bridge: longest wait between retries of a failing write (5xx, 429, network)", "DURATION"),
     # --- kubernetes options go below this line ---

@@ -131,6 +131,11 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         rw_insecure_skip_verify=config.remote_write_tls_insecure_skip_verify,
         rw_max_samples=config.remote_write_max_samples,
         rw_backoff_max=config.remote_write_max_backoff,
+        rw_headers=tuple(
+            (name.strip(), value.strip())
+            for name, _, value in (item.partition("=") for item in config.remote_write_headers.split(","))
+            if name.strip()
+        ),
     )
 
 

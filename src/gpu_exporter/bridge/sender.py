@@ -46,11 +46,15 @@ USER_AGENT = "gpu-exporter-bridge/0.1"
 
 # Refusal reasons found in the response body, and whether they are ordered in time (a refused newer
 # sample implies the older ones would be refused too).
+# Prometheus: "too old sample", "out of bounds", "out of order sample", "duplicate sample for timestamp";
+# Mimir: "...timestamp is too old (err-mimir-sample-timestamp-too-old)", "...(err-mimir-sample-out-of-order)",
+# "...(err-mimir-sample-duplicate-timestamp)". Matched on the lower-cased body with "-" read as " ".
 _REFUSALS = (
-    ("too old sample", "too_old", True),
+    ("too old", "too_old", True),
     ("out of bounds", "too_old", True),
-    ("out of order sample", "out_of_order", True),
-    ("duplicate sample for timestamp", "duplicate", False),
+    ("out of order", "out_of_order", True),
+    ("duplicate sample", "duplicate", False),
+    ("duplicate timestamp", "duplicate", False),
 )
 
 
@@ -77,7 +81,7 @@ def classify(status: int, body: bytes) -> _Verdict:
     """What to do with a remote-write answer."""
     if 200 <= status < 300:
         return _Verdict("ok")
-    text = body[:4096].decode("utf-8", "replace").lower()
+    text = body[:4096].decode("utf-8", "replace").lower().replace("-", " ")
     for needle, reason, ordered in _REFUSALS:
         if needle in text and (400 <= status < 600):
             return _Verdict("refuse", reason, ordered, bisect=True)
@@ -101,6 +105,7 @@ class RemoteWriter:
         cert_file: str = "",
         key_file: str = "",
         insecure_skip_verify: bool = False,
+        headers: dict[str, str] | None = None,
         max_samples: int = 5000,
         backoff_min: float = 0.1,
         backoff_max: float = 10.0,
@@ -118,8 +123,7 @@ class RemoteWriter:
         self._port = parts.port or (443 if self._https else 80)
         self._path = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
         self._timeout = timeout
-        self._headers = dict(HEADERS)
-        self._headers["User-Agent"] = USER_AGENT
+        self._headers = {"User-Agent": USER_AGENT, **(headers or {}), **HEADERS}
         if username:
             token = base64.b64encode(f"{username}:{password}".encode()).decode()
             self._headers["Authorization"] = f"Basic {token}"

@@ -67,6 +67,7 @@ class BridgeSettings:
     rw_insecure_skip_verify: bool = False
     rw_max_samples: int = 5000
     rw_backoff_max: float = 10.0
+    rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
 
 
@@ -187,6 +188,7 @@ class Bridge:
             cert_file=settings.rw_cert_file,
             key_file=settings.rw_key_file,
             insecure_skip_verify=settings.rw_insecure_skip_verify,
+            headers=dict(settings.rw_headers),
             max_samples=settings.rw_max_samples,
             backoff_max=settings.rw_backoff_max,
             metrics=self.metrics,
