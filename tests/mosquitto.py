@@ -2,7 +2,7 @@
 
 Usage from a test module::
 
-    from mosquitto import Broker, Collector, broker_fixture  # noqa: F401  (provides the broker fixture)
+    from .mosquitto import Broker, Collector, broker_fixture  # noqa: F401  (provides the broker fixture)
 
 The broker listens on 127.0.0.1 on a free port with its own config and persistence directory under
 the test's tmp_path, and is stopped by PID. ``stop()`` / ``start()`` simulate an outage on the same

@@ -173,8 +173,10 @@ def test_decimal_readings_are_stored_as_scaled_integer_deltas() -> None:
     doc = to_document(_nvml_like_batch(4, n_gpus=1))
     cols = dict(zip((k for k, _ in doc["metrics"]), doc["devices"][0]["columns"], strict=True))
     assert cols["power"] == {"scale": 3, "delta": [200000, 37, 37, 37]}
-    assert cols["memory_used"] == {"delta": [1024**3, 4096, 4096, 4096]}
-    assert cols["utilization"] == {"scale": 2, "delta": [0, 7, 7, 7]}
+    # a common factor travels once: bytes in 4 KiB pages, utilization in steps of 7 %
+    assert cols["memory_used"] == {"step": 4096, "delta": [262144, 1, 1, 1]}
+    assert cols["utilization"] == {"scale": 2, "step": 7, "delta": [0, 1, 1, 1]}
+    assert cols["temp_gpu"] == {"delta": [50, 1, 1, 1]}
     assert doc["seq"] == [100, 1, 1, 1]
     assert doc["time_ms"] == [1_700_000_000_000, 5000, 5000, 5000]
 
@@ -232,6 +234,8 @@ def _plain(doc: Any) -> bytes:
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, "x", 2]}), "integer"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2.5, 2]}), "integer"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "scale": 12}), "scale"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "step": 0}), "step"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "step": 2**52}), "out of range"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**53, 0, 0]}), "out of range"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**52, 2**52, 0]}), "out of range"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, "inf", 2]}), "invalid value"),

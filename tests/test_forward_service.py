@@ -18,7 +18,8 @@ from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
-from mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
+
+from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 
 pytestmark = pytest.mark.integration
 
@@ -35,7 +36,11 @@ def make_sample(seq: int, noisy: bool = False) -> Sample:
                 ("utilization", ()): (seq * 7 + i) % 101 / 100,
                 ("power", ()): 200 + (seq % 1000) / 1000,
                 ("memory_used", ()): float(2**30 + seq * 4096),
-                **({("sm_active", ()): random.random(), ("tensor_active", ()): random.random()} if noisy else {}),
+                **(
+                    {("pcie_tx", ()): float(random.getrandbits(48)), ("pcie_rx", ()): float(random.getrandbits(48))}
+                    if noisy
+                    else {}
+                ),
             },
             {"name": "sim"},
         )
@@ -207,7 +212,9 @@ def test_a_corrupt_spool_entry_is_moved_aside_and_counted(tmp_path: Path, broker
         _, registry = running(ring)
         assert wait_until(lambda: old_boot in sub.seqs() and len(sub.seqs()[old_boot]) == 3, 10)
         assert sub.seqs()[old_boot] == {1, 2, 5}
-        assert metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="corrupt") == 1
+        assert wait_until(
+            lambda: metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="corrupt") == 1, 5
+        )
         assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="corrupt") == 2
         aside = list((spool_dir / "corrupt").iterdir())
         assert len(aside) == 1 and aside[0].read_bytes() == b"\x1f\x8b not gzip at all"
@@ -227,3 +234,27 @@ def test_samples_of_a_killed_run_are_recovered_from_the_journal(tmp_path: Path, 
     after = Spool(str(spool_dir), 1 << 30, 1e9)
     assert after.open() == []
     assert Entry.parse("q.000000000001.1.2.3.4.5") == Entry(1, 1, 2, 3, 4, 5)
+
+
+@pytest.mark.parametrize("digits", ["6", "0"])
+def test_fractional_gauges_travel_with_the_configured_digits_and_counters_exactly(
+    broker: Broker, running: Any, digits: str
+) -> None:
+    ring = RingBuffer(16)
+    dev = DeviceId("0", "GPU-0000")
+    values = {
+        ("sm_active", ()): 0.27080922905007754,
+        ("power", ()): 496.47200000000004,
+        ("energy", ()): 12345.6789012345,
+    }
+    ring.append(Sample(1, time.time(), (DeviceSample(dev, True, dict(values)),)))
+    with Collector(broker) as sub:
+        running(ring, **{"mqtt.value-digits": digits})
+        assert wait_until(lambda: sub.count() == 1, 10)
+    got = sub.batches[0].samples[0].devices[0].values
+    if digits == "0":
+        assert got == values
+    else:
+        assert got[("sm_active", ())] == 0.270809
+        assert got[("power", ())] == 496.472
+        assert got[("energy", ())] == 12345.6789012345  # a counter: never rounded

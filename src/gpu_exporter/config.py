@@ -66,6 +66,7 @@ class Config:
     mqtt_batch_interval: float = 30.0
     mqtt_batch_max_bytes: int = 256 * 1024
     mqtt_batch_max_samples: int = 720
+    mqtt_value_digits: int = 6
     spool_dir: str = "/var/lib/gpu-exporter/spool"
     spool_max_bytes: int = 256 * 1024 * 1024
     spool_max_age: float = 72 * 3600.0
@@ -283,6 +284,16 @@ def _size_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
+def _digits(text: str) -> int:
+    try:
+        value = int(str(text), 10)
+    except ValueError:
+        raise ValueError(f"invalid number of digits {text!r}") from None
+    if not 0 <= value <= 17:
+        raise ValueError(f"digits must be 0 (exact) to 17, got {value}")
+    return value
+
+
 def _rate(text: str) -> float:
     try:
         value = float(str(text))
@@ -380,6 +391,9 @@ OPTIONS: tuple[Option, ...] = (
            "close a batch when its payload would exceed this size", "SIZE"),
     Option("mqtt.batch-max-samples", "mqtt_batch_max_samples", _positive_int,
            "close a batch after this many samples", "N"),
+    Option("mqtt.value-digits", "mqtt_value_digits", _digits,
+           "significant digits forwarded for fractional gauge values (0: exact); counters and integers "
+           "are always exact", "N"),
     Option("spool.dir", "spool_dir", str,
            "directory of the on-disk spool (batches wait here until the broker acknowledges them)", "DIR"),
     Option("spool.max-bytes", "spool_max_bytes", _size_between(64 * 1024, 1 << 50),

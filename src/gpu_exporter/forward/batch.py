@@ -230,18 +230,32 @@ def _encode_column(col: list[float | None]) -> dict[str, Any]:
             return {"values": [_raw(v) for v in col]}
         scale = max(scale, k)
     p = 10**scale
-    out: list[int | None] = []
-    last = 0
+    ints: list[int | None] = []
+    step = 0
     for v in col:
         if v is None:
-            out.append(None)
+            ints.append(None)
             continue
         n = round(v * p)
         if abs(n) >= _SAFE_INT or n / p != v:  # pragma: no cover - _scale_of already proved this
             return {"values": [_raw(v) for v in col]}
-        out.append(n - last)
-        last = n
-    return {"scale": scale, "delta": out} if scale else {"delta": out}
+        ints.append(n)
+        step = math.gcd(step, n)
+    step = step or 1  # all zero
+    out: list[int | None] = []
+    last = 0
+    for n in ints:
+        if n is None:
+            out.append(None)
+            continue
+        out.append(n // step - last)
+        last = n // step
+    column: dict[str, Any] = {"delta": out}
+    if scale:
+        column["scale"] = scale
+    if step > 1:
+        column["step"] = step  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
+    return column
 
 
 def _raw(v: float | None) -> float | str | None:
@@ -255,7 +269,7 @@ def _raw(v: float | None) -> float | str | None:
 # ---------------------------------------------------------------------------------------------- decode
 
 
-def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
+def decode(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
     """The batch in ``data`` (gzip or plain JSON). Raises PayloadError, and only that, when invalid."""
     try:
         return _decode(data, max_bytes)
@@ -269,7 +283,7 @@ def _one_line(text: str) -> str:
     return " ".join(text.split())[:200]
 
 
-def _decode(data: bytes, max_bytes: int) -> Batch:
+def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Batch:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
     data = bytes(data)
@@ -489,10 +503,13 @@ def _column(where: str, value: Any, n: int) -> list[float | None]:
         if not isinstance(raw, list) or len(raw) != n:
             raise PayloadError(f"{where}.values must be an array of {n} entries")
         return [_raw_value(where, v) for v in raw]
-    _keys(where, value, frozenset(("delta", "scale")), {"delta"})
+    _keys(where, value, frozenset(("delta", "scale", "step")), {"delta"})
     scale = _int(f"{where}.scale", value.get("scale", 0))
     if not 0 <= scale <= MAX_SCALE:
         raise PayloadError(f"{where}.scale must be 0 to {MAX_SCALE}, got {scale}")
+    step = _int(f"{where}.step", value.get("step", 1))
+    if step < 1:
+        raise PayloadError(f"{where}.step must be 1 or more, got {step}")
     deltas = value["delta"]
     if not isinstance(deltas, list) or len(deltas) != n:
         raise PayloadError(f"{where}.delta must be an array of {n} entries")
@@ -504,9 +521,9 @@ def _column(where: str, value: Any, n: int) -> list[float | None]:
             out.append(None)
             continue
         total += _int(f"{where}.delta", v)
-        if abs(total) >= _SAFE_INT:
+        if abs(total * step) >= _SAFE_INT:
             raise PayloadError(f"{where}.delta runs out of range")
-        out.append(total / p)
+        out.append(total * step / p)
     return out
 
 

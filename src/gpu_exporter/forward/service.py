@@ -14,6 +14,7 @@ leaves fewer, larger batches.
 from __future__ import annotations
 
 import logging
+import math
 import threading
 import time
 import uuid
@@ -22,11 +23,12 @@ from collections.abc import Callable
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
+from gpu_exporter import catalog
 from gpu_exporter.config import Config
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
 from gpu_exporter.forward.mqtt import Link, LinkSettings
 from gpu_exporter.forward.spool import Entry, Spool
-from gpu_exporter.model import Sample
+from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["Forwarder"]
@@ -132,6 +134,7 @@ class Forwarder:
         self._tokens_at = clock()
         self._housekept = 0.0
         self._drop_logged: dict[str, float] = {}
+        self._exact = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -195,6 +198,7 @@ class Forwarder:
             self.metrics.missed.inc(missed)
             log.warning("forwarder fell behind the ring buffer: %d samples lost", missed)
         for sample in samples:
+            sample = self._round(sample)
             if not self._open.samples:
                 self._open = _OpenBatch(self._clock())
             data = encode(Batch(self.node, self.boot, (sample,)), level=1)
@@ -206,6 +210,25 @@ class Forwarder:
             self._open.samples.append(sample)
             self._open.device_samples += max(1, len(sample.devices))
             self._last_seq = sample.seq
+
+    def _round(self, sample: Sample) -> Sample:
+        """Fractional gauge values to --mqtt.value-digits significant digits (counters stay exact).
+
+        NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits of which no
+        sensor means more than a few; rounding them lets the codec store small integer deltas.
+        """
+        digits = self.config.mqtt_value_digits
+        if not digits:
+            return sample
+        devices = []
+        for dev in sample.devices:
+            values = {}
+            for series, v in dev.values.items():
+                if series[0] not in self._exact and not float(v).is_integer() and math.isfinite(v):
+                    v = float(f"{v:.{digits}g}")
+                values[series] = v
+            devices.append(DeviceSample(dev.device, dev.up, values, dev.info, dev.processes))
+        return Sample(sample.seq, sample.timestamp, tuple(devices), sample.duration)
 
     def _span(self) -> float:
         return self.config.mqtt_batch_interval * self._growth
