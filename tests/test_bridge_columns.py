@@ -77,7 +77,7 @@ json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: (
         st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["delta", "scale", "values", "x"]), inner, max_size=3)
+        | st.dictionaries(st.sampled_from(["delta", "scale", "step", "values", "x"]), inner, max_size=3)
     ),
     max_leaves=20,
 )
@@ -114,9 +114,24 @@ def test_the_reader_rejects_exactly_what_the_codec_rejects(data: st.DataObject) 
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
 
 
-@pytest.mark.parametrize("delta", [[2**53, 0, 0], [2**52, 2**52, 0], [1, True, 2], [1.5, 1, 1], [1, None, 1]])
-def test_integer_limits_and_types_in_delta_columns_match_the_codec(delta: list[object]) -> None:
+@pytest.mark.parametrize(
+    "column",
+    [
+        {"delta": [2**53, 0, 0]},
+        {"delta": [2**52, 2**52, 0]},
+        {"delta": [1, True, 2]},
+        {"delta": [1.5, 1, 1]},
+        {"delta": [1, None, 1]},
+        {"delta": [0, 0, 0], "step": 2**53},
+        {"delta": [2**40, 0, 0], "step": 2**13},
+        {"delta": [2**40, 0, 0], "step": 2**12, "scale": 3},
+        {"delta": [1, 1, 1], "step": 0},
+        {"delta": [1, 1, 1], "step": True},
+        {"delta": [1, 1, 1], "scale": 10},
+    ],
+)
+def test_integer_limits_and_types_in_delta_columns_match_the_codec(column: dict[str, object]) -> None:
     doc = json.loads(json.dumps(VALID))
-    doc["devices"][0]["columns"][0] = {"delta": delta}
+    doc["devices"][0]["columns"][0] = column
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)

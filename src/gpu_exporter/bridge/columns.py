@@ -163,51 +163,52 @@ def _check_encodable(batch: ColumnBatch) -> None:
 _INT = {int}
 _NUMBER = {int, float}
 _VALUES_ONLY = {"values"}
-_DELTA_ONLY = {"delta"}
-_DELTA_SCALE = {"delta", "scale"}
+_DELTA_KEYS = {"delta", "scale", "step"}
 
 
 def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | None]:
     """Every column of one device. Plain integer-delta columns (the encoder's usual output) are checked
     together and decoded in C loops; any other column goes through the codec's own ``_column``."""
-    fast: list[tuple[int, list[int], int]] = []  # (position, deltas, scale)
+    fast: list[tuple[int, list[int], int, int]] = []  # (position, deltas, scale, step)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
     for j, col in enumerate(cols):
-        if type(col) is dict:
-            keys = col.keys()
-            if keys == _VALUES_ONLY:
-                raw = col["values"]
-                # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
-                if type(raw) is list and len(raw) == n and set(map(type, raw)) <= _NUMBER:
-                    floats = list(map(float, raw))
-                    if all(map(math.isfinite, floats)):
-                        out[j] = floats  # type: ignore[assignment]
-                        done.add(j)
-                continue
-            if keys == _DELTA_ONLY:
-                scale = 0
-            elif keys == _DELTA_SCALE:
-                scale = col["scale"]
-                if type(scale) is not int or not 0 <= scale <= codec.MAX_SCALE:
-                    continue
-            else:
-                continue
-            deltas = col["delta"]
-            if type(deltas) is list and len(deltas) == n:
-                fast.append((j, deltas, scale))
+        if type(col) is not dict:
+            continue
+        keys = col.keys()
+        if keys == _VALUES_ONLY:
+            raw = col["values"]
+            # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
+            if type(raw) is list and len(raw) == n and set(map(type, raw)) <= _NUMBER:
+                floats = list(map(float, raw))
+                if all(map(math.isfinite, floats)):
+                    out[j] = floats  # type: ignore[assignment]
+                    done.add(j)
+            continue
+        if not keys <= _DELTA_KEYS or "delta" not in keys:
+            continue
+        scale = col.get("scale", 0)
+        step = col.get("step", 1)
+        if type(scale) is not int or not 0 <= scale <= codec.MAX_SCALE or type(step) is not int or not 1 <= step < _SAFE:
+            continue
+        deltas = col["delta"]
+        if type(deltas) is list and len(deltas) == n:
+            fast.append((j, deltas, scale, step))
     if fast:
-        flat = list(itertools.chain.from_iterable(d for _, d, _ in fast))
-        # Every entry an int (no bool, no null), and no running total can reach the codec's limit.
-        if not (set(map(type, flat)) <= _INT and max(map(abs, flat), default=0) * n < _SAFE):
+        flat = list(itertools.chain.from_iterable(f[1] for f in fast))
+        top = max(f[3] for f in fast)
+        # Every entry an int (no bool, no null), and no running total times its step can reach the
+        # codec's limit (n * largest delta * step bounds them all, and each delta too).
+        if not (set(map(type, flat)) <= _INT and max(map(abs, flat), default=0) * n * top < _SAFE):
             # some column is unusual (a null, a large number): sort them out one by one
-            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n < _SAFE]
-    truediv, repeat, accumulate = operator.truediv, itertools.repeat, itertools.accumulate
-    for j, deltas, scale in fast:
+            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n * f[3] < _SAFE]
+    truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
+    for j, deltas, scale, step in fast:
+        totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
-            out[j] = list(map(truediv, accumulate(deltas), repeat(10**scale)))
+            out[j] = list(map(truediv, totals, repeat(10**scale)))
         else:
-            out[j] = list(map(float, accumulate(deltas)))
+            out[j] = list(map(float, totals))
         done.add(j)
     for j, col in enumerate(cols):
         if j not in done and col is not None:
