@@ -189,7 +189,12 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
             continue
         scale = col.get("scale", 0)
         step = col.get("step", 1)
-        if type(scale) is not int or not 0 <= scale <= codec.MAX_SCALE or type(step) is not int or not 1 <= step < _SAFE:
+        if (
+            type(scale) is not int
+            or not 0 <= scale <= codec.MAX_SCALE
+            or type(step) is not int
+            or not 1 <= step < _SAFE
+        ):
             continue
         deltas = col["delta"]
         if type(deltas) is list and len(deltas) == n:
