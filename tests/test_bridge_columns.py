@@ -6,7 +6,7 @@ import json
 import math
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter.bridge import columns
@@ -91,9 +91,20 @@ def _verdict(read: object, data: bytes) -> str:
     return "accepted"
 
 
-@settings(max_examples=300, deadline=None)
+@pytest.fixture(params=["orjson", "json"])
+def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """The reader with orjson (when installed) and with the standard library."""
+    if request.param == "orjson":
+        if columns._orjson is None:
+            pytest.skip("orjson is not installed")
+    else:
+        monkeypatch.setattr(columns, "_orjson", None)
+    return str(request.param)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
-def test_the_reader_rejects_exactly_what_the_codec_rejects(data: st.DataObject) -> None:
+def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st.DataObject) -> None:
     doc = json.loads(json.dumps(VALID))
     # replace one part of the document: a top-level field, a device field, or one column
     where = data.draw(st.sampled_from(["top", "device", "column", "delta"]))
@@ -130,8 +141,35 @@ def test_the_reader_rejects_exactly_what_the_codec_rejects(data: st.DataObject) 
         {"delta": [1, 1, 1], "scale": 10},
     ],
 )
-def test_integer_limits_and_types_in_delta_columns_match_the_codec(column: dict[str, object]) -> None:
+def test_integer_limits_and_types_in_delta_columns_match_the_codec(parser: str, column: dict[str, object]) -> None:
     doc = json.loads(json.dumps(VALID))
     doc["devices"][0]["columns"][0] = column
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b'{"format": "gpu-exporter.batch", "version": NaN}',
+        b'{"format": "gpu-exporter.batch", "version": 1e999}',
+        b'{"format": "gpu-exporter.batch", "version": 123456789012345678901234567890}',
+        b'{"format": "gpu-exporter.batch", "version": 1, "x": "\xff"}',
+        b"{" * 5000,
+        b'{"format": "gpu-exporter.batch", "version": 1} trailing',
+    ],
+)
+def test_odd_json_is_rejected_by_both_parsers_as_by_the_codec(parser: str, raw: bytes) -> None:
+    assert _verdict(columns.read, raw) == _verdict(codec.decode, raw) == "rejected"
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(batches())
+def test_both_parsers_read_the_same_columns(parser: str, batch: codec.Batch) -> None:
+    data = codec.encode(batch)
+    cols = columns.read(data)
+    objects = codec.decode(data)
+    assert cols.seqs == [s.seq for s in objects.samples]
+    assert sum(sum(v is not None for v in c) for d in cols.devices for c in d.columns if c is not None) == sum(
+        len(ds.values) for s in objects.samples for ds in s.devices
+    )

@@ -28,6 +28,11 @@ __all__ = ["ColumnBatch", "ColumnDevice", "read"]
 
 _SAFE = codec._SAFE_INT
 
+try:  # optional: a faster JSON parser
+    import orjson as _orjson
+except ImportError:  # pragma: no cover - depends on the environment
+    _orjson = None  # type: ignore[assignment]
+
 
 @dataclass(frozen=True, slots=True)
 class ColumnDevice:
@@ -58,6 +63,19 @@ def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
         raise codec.PayloadError(f"invalid payload: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
 
 
+def _parse(text: bytes) -> Any:
+    """JSON with orjson when it is installed (it parses a batch in about two thirds of the time), else
+    with the standard library exactly as the codec does. Both refuse NaN and Infinity literals, invalid
+    UTF-8 and runaway nesting; orjson also refuses integers beyond 64 bits, which the codec's range
+    checks would refuse anyway, and lone surrogates, which _check_encodable refuses here too."""
+    if _orjson is not None:
+        try:
+            return _orjson.loads(text)
+        except _orjson.JSONDecodeError as exc:
+            raise codec.PayloadError(f"payload is not JSON: {' '.join(str(exc).split())[:200]}") from None
+    return json.loads(text.decode("utf-8"), parse_constant=codec._reject_constant)
+
+
 def _read(data: bytes, max_bytes: int) -> ColumnBatch:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise codec.PayloadError(f"payload must be bytes, not {type(data).__name__}")
@@ -73,7 +91,7 @@ def _read(data: bytes, max_bytes: int) -> ColumnBatch:
     else:
         raise codec.PayloadError(f"not a batch payload: starts with {data[:8]!r}")
     try:
-        doc = json.loads(text.decode("utf-8"), parse_constant=codec._reject_constant)
+        doc = _parse(text)
     except UnicodeDecodeError as exc:
         raise codec.PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
@@ -200,12 +218,14 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
         if type(deltas) is list and len(deltas) == n:
             fast.append((j, deltas, scale, step))
     if fast:
-        flat = list(itertools.chain.from_iterable(f[1] for f in fast))
-        top = max(f[3] for f in fast)
         # Every entry an int (no bool, no null), and no running total times its step can reach the
-        # codec's limit (n * largest delta * step bounds them all, and each delta too).
-        if not (set(map(type, flat)) <= _INT and max(map(abs, flat), default=0) * n * top < _SAFE):
-            # some column is unusual (a null, a large number): sort them out one by one
+        # codec's limit: n * largest delta * step bounds them all, and each delta too. Types are checked
+        # for all columns at once; the range too when that bound holds device-wide, else per column.
+        flat = list(itertools.chain.from_iterable(f[1] for f in fast))
+        if set(map(type, flat)) <= _INT:
+            if max(map(abs, flat), default=0) * n * max(f[3] for f in fast) >= _SAFE:
+                fast = [f for f in fast if max(map(abs, f[1])) * n * f[3] < _SAFE]
+        else:  # some column is unusual (a null, a float): sort them out one by one
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n * f[3] < _SAFE]
     truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
     for j, deltas, scale, step in fast:
