@@ -142,3 +142,50 @@ def test_the_bridge_process_writes_batches_and_serves_its_metrics(
             proc.wait()
         log.close()
     assert "Traceback" not in (tmp_path / "bridge.log").read_text()
+
+
+def test_the_bridge_connects_with_tls_and_a_password_file(tmp_path: Path) -> None:
+    from .mosquitto import Broker, make_tls
+
+    tls = make_tls(tmp_path / "tls", client=False)
+    broker = Broker(tmp_path / "mqtt", users={"bridge": "s3cret", "edge": "edge-pw"}, tls=tls)
+    prom = PrometheusServer(tmp_path / "prom", ooo_window="1h")
+    broker.start()
+    prom.start()
+    password = tmp_path / "mqtt-password"
+    password.write_text("s3cret\n")
+    port = free_port()
+    proc = subprocess.Popen(
+        bridge_cmd(
+            f"--mqtt.url={broker.url}",
+            "--mqtt.username=bridge",
+            f"--mqtt.password-file={password}",
+            f"--mqtt.tls.ca-file={tls['ca']}",
+            f"--remote-write.url={prom.write_url}",
+            f"--bridge.listen-address=127.0.0.1:{port}",
+        ),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=child_env(),
+    )
+    import paho.mqtt.client as mqtt
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    pub = mqtt.Client(CallbackAPIVersion.VERSION2, client_id="edge-tls", protocol=mqtt.MQTTv5)
+    pub.username_pw_set("edge", "edge-pw")
+    pub.tls_set(ca_certs=tls["ca"])
+    try:
+        metrics_url = f"http://127.0.0.1:{port}/metrics"
+        wait_until(lambda: b"gpu_exporter_bridge_mqtt_connected 1.0" in http_get(metrics_url), 20, "bridge over TLS")
+        pub.connect("127.0.0.1", broker.port)
+        pub.loop_start()
+        batch = make_batch("edge-tls", "boot", [1, 2], time.time() - 60)
+        pub.publish("gpu-exporter/edge-tls/batch", encode(batch), qos=1).wait_for_publish(10)
+        want = expected_points(batch)
+        wait_until(lambda: want <= stored_points(prom.samples('{node="edge-tls"}')), 20, "samples over TLS")
+    finally:
+        pub.loop_stop()
+        proc.kill()
+        proc.wait()
+        prom.stop()
+        broker.stop()
