@@ -219,13 +219,15 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
             fast.append((j, deltas, scale, step))
     if fast:
         # Every entry an int (no bool, no null), and no running total times its step can reach the
-        # codec's limit: n * largest delta * step bounds them all, and each delta too. Types are checked
-        # for all columns at once; the range too when that bound holds device-wide, else per column.
-        flat = list(itertools.chain.from_iterable(f[1] for f in fast))
-        if set(map(type, flat)) <= _INT:
-            if max(map(abs, flat), default=0) * n * max(f[3] for f in fast) >= _SAFE:
-                fast = [f for f in fast if max(map(abs, f[1])) * n * f[3] < _SAFE]
-        else:  # some column is unusual (a null, a float): sort them out one by one
+        # codec's limit: n * largest |delta| * step bounds them all, and each delta too. Both checks run
+        # over all columns at once (map over the columns, no Python loop); only when one fails are the
+        # columns sorted out one by one.
+        lists = [f[1] for f in fast]
+        if not (
+            set(map(type, itertools.chain.from_iterable(lists))) <= _INT
+            and max(map(operator.mul, map(max, map(map, itertools.repeat(abs), lists)), [f[3] for f in fast])) * n
+            < _SAFE
+        ):
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n * f[3] < _SAFE]
     truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
     for j, deltas, scale, step in fast:
