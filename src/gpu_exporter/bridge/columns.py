@@ -180,8 +180,6 @@ def _check_encodable(batch: ColumnBatch) -> None:
 
 _INT = {int}
 _NUMBER = {int, float}
-_VALUES_ONLY = {"values"}
-_DELTA_KEYS = {"delta", "scale", "step"}
 
 
 def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | None]:
@@ -193,29 +191,30 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
     for j, col in enumerate(cols):
         if type(col) is not dict:
             continue
-        keys = col.keys()
-        if keys == _VALUES_ONLY:
-            raw = col["values"]
+        deltas = col.get("delta")
+        if deltas is None:
+            raw = col.get("values")
             # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
-            if type(raw) is list and len(raw) == n and set(map(type, raw)) <= _NUMBER:
+            if type(raw) is list and len(col) == 1 and len(raw) == n and set(map(type, raw)) <= _NUMBER:
                 floats = list(map(float, raw))
                 if all(map(math.isfinite, floats)):
                     out[j] = floats  # type: ignore[assignment]
                     done.add(j)
             continue
-        if not keys <= _DELTA_KEYS or "delta" not in keys:
+        if type(deltas) is not list or len(deltas) != n:
+            continue
+        if len(col) == 1:
+            fast.append((j, deltas, 0, 1))
             continue
         scale = col.get("scale", 0)
         step = col.get("step", 1)
         if (
-            type(scale) is not int
-            or not 0 <= scale <= codec.MAX_SCALE
-            or type(step) is not int
-            or not 1 <= step < _SAFE
+            len(col) == 1 + ("scale" in col) + ("step" in col)
+            and type(scale) is int
+            and 0 <= scale <= codec.MAX_SCALE
+            and type(step) is int
+            and 1 <= step < _SAFE
         ):
-            continue
-        deltas = col["delta"]
-        if type(deltas) is list and len(deltas) == n:
             fast.append((j, deltas, scale, step))
     if fast:
         # Every entry an int (no bool, no null), and no running total times its step can reach the
