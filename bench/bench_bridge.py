@@ -144,7 +144,11 @@ def main() -> int:
     parser.add_argument("--samples", type=int, default=6, help="samples per batch")
     parser.add_argument("--group", type=int, default=20, help="messages per remote write")
     parser.add_argument("--runs", type=int, default=5, help="rounds measured (after one warm-up round)")
+    parser.add_argument("--stdlib-json", action="store_true", help="parse with json even if orjson is installed")
     args = parser.parse_args()
+    if args.stdlib_json:
+        columns._orjson = None  # type: ignore[assignment]
+    parser_name = "orjson" if columns._orjson is not None else "json"
 
     rounds = make_payloads(args.nodes, args.runs + 1, args.samples, args.gpus)
     tune_gc()  # as `gpu-exporter bridge` does
@@ -162,7 +166,8 @@ def main() -> int:
     median = statistics.median(rates)
     print(
         f"bridge: {args.nodes} nodes x {args.samples} samples x {args.gpus} GPUs ({values:.0f} values per GPU, "
-        f"{sum(map(len, payloads)) / len(payloads) / 1024:.1f} KiB per payload), written to {what}"
+        f"{sum(map(len, payloads)) / len(payloads) / 1024:.1f} KiB per payload), written to {what}, "
+        f"parsed with {parser_name}"
     )
     print(f"  runs (GPU-samples per CPU-second): {', '.join(f'{r:,.0f}' for r in rates)}")
     print(
