@@ -64,9 +64,7 @@ def simulated_samples(n: int, start_seq: int = 1, t0: float = 1_764_000_000.0) -
 
 def replicate(base: list[Sample], n: int, start_seq: int = 1, t0: float = 1_764_000_000.0) -> list[Sample]:
     """``n`` samples cycling through ``base`` with fresh sequence numbers and timestamps."""
-    return [
-        Sample(start_seq + i, t0 + i * INTERVAL, base[i % len(base)].devices) for i in range(n)
-    ]
+    return [Sample(start_seq + i, t0 + i * INTERVAL, base[i % len(base)].devices) for i in range(n)]
 
 
 # ------------------------------------------------------------------------------------------------ bytes
@@ -77,11 +75,16 @@ def bench_bytes() -> dict[str, float]:
     view = native_view()
     prom = [len(gzip.compress(render(s, view).encode(), compresslevel=6, mtime=0)) for s in samples]
     prom_per_gpu = sum(prom) / (len(samples) * GPUS)
-    print(f"  Prometheus text, gzip per scrape: {prom_per_gpu:.1f} bytes per GPU-sample "
-          f"({statistics.mean(prom):.0f} bytes per 8-GPU page)")
+    print(
+        f"  Prometheus text, gzip per scrape: {prom_per_gpu:.1f} bytes per GPU-sample "
+        f"({statistics.mean(prom):.0f} bytes per 8-GPU page)"
+    )
     figures = {"prometheus_gzip": prom_per_gpu}
-    for label, per_batch in (("30 s batches (default)", 6), ("60 s batches", 12),
-                             (f"outage batches ({MAX_GROWTH}x)", 6 * MAX_GROWTH)):
+    for label, per_batch in (
+        ("30 s batches (default)", 6),
+        ("60 s batches", 12),
+        (f"outage batches ({MAX_GROWTH}x)", 6 * MAX_GROWTH),
+    ):
         total = 0
         plain = 0
         for i in range(0, len(samples), per_batch):
@@ -90,8 +93,10 @@ def bench_bytes() -> dict[str, float]:
             plain += len(encode(batch, compress=False))
         per_gpu = total / (len(samples) * GPUS)
         figures[label] = per_gpu
-        print(f"  payload v1, {label}: {per_gpu:.1f} bytes per GPU-sample on the wire "
-              f"(1/{prom_per_gpu / per_gpu:.0f} of Prometheus gzip; plain JSON {plain / (len(samples) * GPUS):.0f})")
+        print(
+            f"  payload v1, {label}: {per_gpu:.1f} bytes per GPU-sample on the wire "
+            f"(1/{prom_per_gpu / per_gpu:.0f} of Prometheus gzip; plain JSON {plain / (len(samples) * GPUS):.0f})"
+        )
     return figures
 
 
@@ -117,8 +122,7 @@ class Mosquitto:
 
     def start(self) -> None:
         exe = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
-        self.proc = subprocess.Popen([exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen([exe, "-c", str(self.conf)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 10
         while time.monotonic() < deadline:
             with socket.socket() as s:
@@ -195,8 +199,13 @@ def bench_drain(runs: int, replay_rates: tuple[str, ...]) -> dict[str, float]:
                 spool.close()
                 counter = Counter(broker.port)
                 config = cfg.load(
-                    {"mqtt.url": f"mqtt://127.0.0.1:{broker.port}", "node-name": "bench-node",
-                     "spool.dir": str(work / "spool"), "spool.replay-rate": rate}, environ={}
+                    {
+                        "mqtt.url": f"mqtt://127.0.0.1:{broker.port}",
+                        "node-name": "bench-node",
+                        "spool.dir": str(work / "spool"),
+                        "spool.replay-rate": rate,
+                    },
+                    environ={},
                 )
                 ring = RingBuffer(1024)
                 fwd = Forwarder(config, ring, CollectorRegistry())
@@ -256,11 +265,22 @@ def bench_rss(cap: str, seconds: float) -> dict[str, float]:
         broker = Mosquitto(work)
         env = {**os.environ, "PYTHONPATH": str(ROOT / "src")}
         port = free_port()
-        args = [sys.executable, "-m", "gpu_exporter", "--gpu-vendor=fake", f"--fake.gpus={GPUS}",
-                "--gpu-metrics-collection-interval=1s", f"--web.listen-address=127.0.0.1:{port}",
-                f"--mqtt.url=mqtt://127.0.0.1:{broker.port}", f"--spool.dir={work / 'spool'}",
-                f"--spool.max-bytes={cap}", "--mqtt.batch-interval=5s", "--mqtt.reconnect-max-delay=1s",
-                "--spool.replay-rate=20", "--log.level=error"]
+        args = [
+            sys.executable,
+            "-m",
+            "gpu_exporter",
+            "--gpu-vendor=fake",
+            f"--fake.gpus={GPUS}",
+            "--gpu-metrics-collection-interval=1s",
+            f"--web.listen-address=127.0.0.1:{port}",
+            f"--mqtt.url=mqtt://127.0.0.1:{broker.port}",
+            f"--spool.dir={work / 'spool'}",
+            f"--spool.max-bytes={cap}",
+            "--mqtt.batch-interval=5s",
+            "--mqtt.reconnect-max-delay=1s",
+            "--spool.replay-rate=20",
+            "--log.level=error",
+        ]
         proc = subprocess.Popen(args, env=env)
         try:
             time.sleep(seconds)  # broker down: sampling, spooling at the cap
@@ -274,8 +294,11 @@ def bench_rss(cap: str, seconds: float) -> dict[str, float]:
             broker.stop()
     print(f"  exporter RSS, 8 GPUs, full spool, broker down: {offline[0] / 1024:.1f} MiB")
     print(f"  exporter RSS while draining: {online[0] / 1024:.1f} MiB; peak (VmHWM) {online[1] / 1024:.1f} MiB")
-    return {"rss_offline_mib": offline[0] / 1024, "rss_draining_mib": online[0] / 1024,
-            "rss_peak_mib": online[1] / 1024}
+    return {
+        "rss_offline_mib": offline[0] / 1024,
+        "rss_draining_mib": online[0] / 1024,
+        "rss_peak_mib": online[1] / 1024,
+    }
 
 
 def main() -> int:

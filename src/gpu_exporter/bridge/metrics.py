@@ -88,20 +88,23 @@ class Liveness(Collector):
     Built fresh from a snapshot at each collect, so a node needs no gauge child to be removed.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_nodes: int = 100_000) -> None:
         self._lock = threading.Lock()
         self._up: dict[str, bool] = {}
         self._seen: dict[str, float] = {}
+        self._max_nodes = max_nodes  # a bound on series a misbehaving publisher could create
 
     def status(self, node: str, online: bool, when: float | None = None) -> None:
         with self._lock:
-            self._up[node] = online
-            self._seen[node] = time.time() if when is None else when
+            if node in self._seen or len(self._seen) < self._max_nodes:
+                self._up[node] = online
+                self._seen[node] = time.time() if when is None else when
 
     def seen(self, node: str, when: float | None = None) -> None:
         with self._lock:
-            self._seen[node] = time.time() if when is None else when
-            self._up.setdefault(node, True)
+            if node in self._seen or len(self._seen) < self._max_nodes:
+                self._seen[node] = time.time() if when is None else when
+                self._up.setdefault(node, True)
 
     def snapshot(self) -> tuple[dict[str, bool], dict[str, float]]:
         with self._lock:

@@ -16,7 +16,7 @@ import ssl
 import threading
 import time
 import urllib.parse
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -37,6 +37,8 @@ from gpu_exporter.forward import batch as codec
 __all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "parse_mqtt_url"]
 
 log = logging.getLogger(__name__)
+
+MAX_NODES = 100_000  # distinct node names kept in per-node metrics and logs
 
 
 @dataclass(frozen=True)
@@ -92,7 +94,6 @@ class Received:
     qos: int
     topic: str
     payload: bytes
-    at: float = field(default_factory=time.time)
 
 
 class MessageHandler:
@@ -136,11 +137,16 @@ class MessageHandler:
         return batch
 
     def drop(self, node: str, reason: str, why: str) -> None:
-        self._metrics.payloads_dropped.labels(node, reason).inc()
+        """Count a dropped message for ``node``; log it the first time that node sends a bad one."""
         with self._lock:
+            # The node comes from the topic: bound the label values a misbehaving publisher can create.
             first = node not in self._logged
-            if first and len(self._logged) < 100_000:
-                self._logged.add(node)
+            if first:
+                if len(self._logged) >= MAX_NODES:
+                    node, first = "_other", False
+                else:
+                    self._logged.add(node)
+        self._metrics.payloads_dropped.labels(node, reason).inc()
         if first:
             log.warning(
                 "dropped a %s batch from node %s: %s (logged once per node; see "
