@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import json
 import math
+from pathlib import Path
 from typing import Any
 
 import jsonschema
@@ -326,10 +327,11 @@ def test_corrupted_payloads_raise_only_payload_error(data: st.DataObject) -> Non
         pos = data.draw(st.integers(0, len(good) - 1))
         good[pos] = data.draw(st.integers(0, 255))
     cut = data.draw(st.integers(1, len(good)))
-    try:
-        decode(bytes(good[:cut]))
-    except PayloadError:
-        pass
+    for reader in (decode, codec.peek, codec.verify):
+        try:
+            reader(bytes(good[:cut]))
+        except PayloadError:
+            pass
 
 
 def test_json_values_of_the_wrong_kind_never_escape_as_other_errors() -> None:
@@ -341,3 +343,36 @@ def test_json_values_of_the_wrong_kind_never_escape_as_other_errors() -> None:
                 decode(_plain(mutated))
             except PayloadError:
                 pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches())
+def test_peek_reads_the_header_decode_would(b: Batch) -> None:
+    data = encode(b)
+    head = codec.peek(data)
+    assert (head.node, head.boot) == (b.node, b.boot)
+    assert head.seqs == tuple(s.seq for s in b.samples)
+    assert (head.first_seq, head.last_seq) == (b.first_seq, b.last_seq)
+
+
+def test_peek_and_verify_reject_what_breaks_in_a_damaged_file() -> None:
+    data = encode(_nvml_like_batch(5))
+    codec.verify(data)
+    codec.verify(encode(_nvml_like_batch(5), compress=False))
+    flipped = bytearray(data)
+    flipped[len(data) // 2] ^= 0x01
+    for bad in (data[: len(data) // 2], data[:-4] + b"\0\0\0\0", b"\x1f\x8b" + b"\0" * 40, bytes(flipped)):
+        for reader in (codec.peek, codec.verify):
+            with pytest.raises(PayloadError):
+                reader(bad)
+    with pytest.raises(PayloadError, match="v1 batch"):
+        codec.verify(gzip.compress(b'{"format":"something-else"}'))
+
+
+def test_the_example_in_docs_payload_md_is_a_valid_batch() -> None:
+    text = (Path(__file__).resolve().parent.parent / "docs" / "payload.md").read_text()
+    example = text.split("```json\n", 1)[1].split("```", 1)[0]
+    doc = json.loads(example)
+    VALIDATOR.validate(doc)
+    batch = decode(example.encode())
+    assert batch.samples[2].devices[0].values[("power", ())] == 244.0

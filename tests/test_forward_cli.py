@@ -125,7 +125,10 @@ def test_exporter_killed_during_an_outage_loses_no_sample(tmp_path: Path, broker
         broker.stop()
         assert wait_until(lambda: first.metric("gpu_exporter_forward_connected") == 0, 10)
         time.sleep(5)  # ~25 samples at 200 ms, spooled and journaled
+        assert first.metric('gpu_exporter_forward_connect_errors_total{kind="unreachable"}') >= 3  # retried
         assert first.stop(signal.SIGKILL) == -signal.SIGKILL
+        # an unreachable broker is one clear line, however many retries the outage took
+        assert len(_problem_lines(first.log(), "refused the TCP connection")) == 1, first.log()
         held = spooled_seqs(spool_dir, boot)
         received = sub.seqs().get(boot, set())
         assert len(held - received) >= 15, "the outage should have left samples in the spool"
@@ -278,3 +281,14 @@ def test_bad_forwarding_flags_exit_2_with_one_line(tmp_path: Path, flags: list[s
     assert result.returncode == 2, err
     assert message in err
     assert len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_status_is_retained_online_and_the_will_says_offline_when_the_agent_dies(
+    tmp_path: Path, broker: Broker, procs: list[Proc]
+) -> None:
+    flags = [*FAST, f"--mqtt.url={broker.url}", f"--spool.dir={tmp_path / 'spool'}", "--mqtt.keepalive=5s"]
+    exporter = run_exporter(procs, tmp_path, *flags)
+    with Collector(broker) as sub:  # subscribes after the fact: only a retained message can tell
+        assert wait_until(lambda: sub.status.get("gpu-exporter/edge-1/status") == b"online", 10)
+        exporter.stop(signal.SIGKILL)
+        assert wait_until(lambda: sub.status.get("gpu-exporter/edge-1/status") == b"offline", 15)

@@ -258,3 +258,21 @@ def test_fractional_gauges_travel_with_the_configured_digits_and_counters_exactl
         assert got[("sm_active", ())] == 0.270809
         assert got[("power", ())] == 496.472
         assert got[("energy", ())] == 12345.6789012345  # a counter: never rounded
+
+
+def test_an_unusable_spool_directory_still_forwards_from_memory(tmp_path: Path, broker: Broker) -> None:
+    blocker = tmp_path / "not-a-directory"
+    blocker.write_text("")
+    registry = CollectorRegistry()
+    config = make_config(tmp_path, broker, **{"spool.dir": str(blocker / "spool")})
+    ring = RingBuffer(64)
+    fwd = Forwarder(config, ring, registry)
+    with Collector(broker) as sub:
+        fwd.start()
+        try:
+            for seq in range(1, 6):
+                ring.append(make_sample(seq))
+            assert wait_until(lambda: sub.seqs().get(fwd.boot) == {1, 2, 3, 4, 5}, 10)
+            assert metric(registry, "gpu_exporter_forward_spool_write_errors_total") >= 1
+        finally:
+            fwd.stop(5)

@@ -30,11 +30,14 @@ __all__ = [
     "FORMAT",
     "VERSION",
     "Batch",
+    "Header",
     "PayloadError",
     "Point",
     "decode",
     "encode",
+    "peek",
     "schema",
+    "verify",
 ]
 
 FORMAT = "gpu-exporter.batch"
@@ -88,6 +91,23 @@ class Batch:
             ts_ms = round(sample.timestamp * 1000)
             for dev in sample.devices:
                 yield dev.device, ts_ms, dev.up, sample.seq
+
+
+class Header(NamedTuple):
+    """What ``peek`` reads: who sent the batch and which samples it holds."""
+
+    node: str
+    boot: str
+    seqs: tuple[int, ...]
+    times_ms: tuple[int, ...]
+
+    @property
+    def first_seq(self) -> int:
+        return self.seqs[0]
+
+    @property
+    def last_seq(self) -> int:
+        return self.seqs[-1]
 
 
 class Point(NamedTuple):
@@ -284,6 +304,10 @@ def _one_line(text: str) -> str:
 
 
 def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Batch:
+    return from_document(_parse(data, max_bytes))
+
+
+def _parse(data: bytes | bytearray | memoryview, max_bytes: int) -> Any:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
     data = bytes(data)
@@ -298,14 +322,61 @@ def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Batch:
     else:
         raise PayloadError(f"not a batch payload: starts with {data[:8]!r} (expected gzip or '{{')")
     try:
-        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+        return json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
         raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
         raise PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise PayloadError("payload JSON is nested too deeply") from None
-    return from_document(doc)
+
+
+_PREAMBLE = f'{{"format":"{FORMAT}","version":{VERSION},'.encode()
+
+
+def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
+    """Integrity check of a payload this encoder wrote (a spooled batch): the gzip stream inflates in
+    full with a matching CRC and length, and starts with the v1 preamble. Inflates in small chunks
+    and keeps nothing, so it costs next to no memory. Plain JSON gets the ``peek`` check instead.
+    Raises PayloadError, and only that."""
+    try:
+        raw = bytes(data)
+        if raw[:2] != _GZIP_MAGIC:
+            peek(raw, max_bytes)
+            return
+        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        head = inflater.decompress(raw, len(_PREAMBLE))
+        if head != _PREAMBLE:
+            raise PayloadError("not a v1 batch written by this encoder")
+        total = len(head)
+        while not inflater.eof:
+            chunk = inflater.decompress(inflater.unconsumed_tail, 65536)
+            total += len(chunk)
+            if total > max_bytes:
+                raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
+            if not chunk and not inflater.unconsumed_tail:
+                raise PayloadError("truncated gzip payload")
+        if inflater.unused_data:
+            raise PayloadError("trailing bytes after the gzip payload")
+    except PayloadError:
+        raise
+    except zlib.error as exc:
+        raise PayloadError(f"corrupt gzip payload: {exc}") from None
+    except Exception as exc:  # defensive, as in decode
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
+
+
+def peek(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> Header:
+    """Check framing, JSON and the batch header without building samples (a fraction of ``decode``'s
+    cost): what the forwarder runs on a spooled batch before publishing it, and what a receiver can use
+    to drop a repeat by (node, boot, seq) before decoding. Raises PayloadError, and only that."""
+    try:
+        doc = _parse(data, max_bytes)
+        return _header(doc)
+    except PayloadError:
+        raise
+    except Exception as exc:  # defensive, as in decode
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
 
 
 def _gunzip(data: bytes, max_bytes: int) -> bytes:
@@ -335,30 +406,9 @@ _DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
 
 def from_document(doc: Any) -> Batch:
     """Validate a parsed JSON document and build the batch (PayloadError when invalid)."""
-    if not isinstance(doc, dict):
-        raise PayloadError(f"payload must be a JSON object, not {_jtype(doc)}")
-    if doc.get("format") != FORMAT:
-        raise PayloadError(f"payload format is {doc.get('format')!r}, expected {FORMAT!r}")
-    version = doc.get("version")
-    if version != VERSION or isinstance(version, bool):
-        raise PayloadError(f"unsupported payload version {version!r} (this reader knows {VERSION})")
-    _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
-    node = _text("node", doc["node"])
-    boot = _text("boot", doc["boot"])
-
-    seqs = _undelta("seq", doc["seq"])
+    header = _header(doc)
+    node, boot, seqs, times = header.node, header.boot, header.seqs, header.times_ms
     n = len(seqs)
-    if n == 0:
-        raise PayloadError("seq: a batch needs at least one sample")
-    if seqs[0] < 1 or any(b <= a for a, b in itertools.pairwise(seqs)):
-        raise PayloadError("seq: sequence numbers must start at 1 or above and increase")
-    if _int("first_seq", doc["first_seq"]) != seqs[0] or _int("last_seq", doc["last_seq"]) != seqs[-1]:
-        raise PayloadError(
-            f"first_seq/last_seq {doc['first_seq']}/{doc['last_seq']} disagree with seq {seqs[0]}..{seqs[-1]}"
-        )
-    times = _undelta("time_ms", doc["time_ms"])
-    if len(times) != n:
-        raise PayloadError(f"time_ms has {len(times)} entries for {n} samples")
 
     metrics = _metrics(doc["metrics"])
     raw_devices = doc["devices"]
@@ -400,6 +450,36 @@ def from_document(doc: Any) -> Batch:
 
     samples = tuple(Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n))
     return Batch(node=node, boot=boot, samples=samples)
+
+
+def _header(doc: Any) -> Header:
+    if not isinstance(doc, dict):
+        raise PayloadError(f"payload must be a JSON object, not {_jtype(doc)}")
+    if doc.get("format") != FORMAT:
+        raise PayloadError(f"payload format is {doc.get('format')!r}, expected {FORMAT!r}")
+    version = doc.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise PayloadError(f"unsupported payload version {version!r} (this reader knows {VERSION})")
+    _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
+    node = _text("node", doc["node"])
+    boot = _text("boot", doc["boot"])
+    seqs = _undelta("seq", doc["seq"])
+    n = len(seqs)
+    if n == 0:
+        raise PayloadError("seq: a batch needs at least one sample")
+    if seqs[0] < 1 or any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise PayloadError("seq: sequence numbers must start at 1 or above and increase")
+    if _int("first_seq", doc["first_seq"]) != seqs[0] or _int("last_seq", doc["last_seq"]) != seqs[-1]:
+        raise PayloadError(
+            f"first_seq/last_seq {doc['first_seq']}/{doc['last_seq']} disagree with seq {seqs[0]}..{seqs[-1]}"
+        )
+    times = _undelta("time_ms", doc["time_ms"])
+    if len(times) != n:
+        raise PayloadError(f"time_ms has {len(times)} entries for {n} samples")
+    for field in ("metrics", "devices"):
+        if not isinstance(doc[field], list):
+            raise PayloadError(f"{field} must be an array, not {_jtype(doc[field])}")
+    return Header(node, boot, tuple(seqs), tuple(times))
 
 
 def _jtype(value: Any) -> str:

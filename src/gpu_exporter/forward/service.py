@@ -25,13 +25,13 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_exporter import catalog
 from gpu_exporter.config import Config
-from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
+from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
 from gpu_exporter.forward.mqtt import Link, LinkSettings
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 
-__all__ = ["Forwarder"]
+__all__ = ["Forwarder", "round_values"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
@@ -39,6 +39,29 @@ MAX_GROWTH = 16  # batch span multiplier reached during a long outage
 WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same)
 _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
+
+
+_COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
+
+
+def round_values(sample: Sample, digits: int) -> Sample:
+    """Fractional gauge values to ``digits`` significant digits (0: unchanged); counters stay exact.
+
+    NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits, of which no
+    sensor means more than a few; rounded, they become decimals the codec stores as small integer deltas.
+    A counter is never rounded: its resolution must not degrade as it grows.
+    """
+    if not digits:
+        return sample
+    devices = []
+    for dev in sample.devices:
+        values = {}
+        for series, v in dev.values.items():
+            if series[0] not in _COUNTERS and math.isfinite(v) and not float(v).is_integer():
+                v = float(f"{v:.{digits}g}")
+            values[series] = v
+        devices.append(DeviceSample(dev.device, dev.up, values, dev.info, dev.processes))
+    return Sample(sample.seq, sample.timestamp, tuple(devices), sample.duration)
 
 
 class _Metrics:
@@ -134,7 +157,6 @@ class Forwarder:
         self._tokens_at = clock()
         self._housekept = 0.0
         self._drop_logged: dict[str, float] = {}
-        self._exact = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -160,7 +182,6 @@ class Forwarder:
                 self._turn()
         except Exception:
             log.exception("forwarder stopped by an unexpected error; samples are no longer forwarded")
-            raise
         finally:
             self._shutdown()
 
@@ -183,6 +204,8 @@ class Forwarder:
             if self._open.samples:
                 self._close_batch()
             deadline = self._clock() + 2.0
+            if self.link.up:
+                self._send()  # the batch just closed, so that the last samples leave with us
             while self.link.up and self._inflight and self._clock() < deadline:
                 self.link.step(timeout=0.05)
             self.link.close(status=b"offline")
@@ -212,23 +235,7 @@ class Forwarder:
             self._last_seq = sample.seq
 
     def _round(self, sample: Sample) -> Sample:
-        """Fractional gauge values to --mqtt.value-digits significant digits (counters stay exact).
-
-        NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits of which no
-        sensor means more than a few; rounding them lets the codec store small integer deltas.
-        """
-        digits = self.config.mqtt_value_digits
-        if not digits:
-            return sample
-        devices = []
-        for dev in sample.devices:
-            values = {}
-            for series, v in dev.values.items():
-                if series[0] not in self._exact and not float(v).is_integer() and math.isfinite(v):
-                    v = float(f"{v:.{digits}g}")
-                values[series] = v
-            devices.append(DeviceSample(dev.device, dev.up, values, dev.info, dev.processes))
-        return Sample(sample.seq, sample.timestamp, tuple(devices), sample.duration)
+        return round_values(sample, self.config.mqtt_value_digits)
 
     def _span(self) -> float:
         return self.config.mqtt_batch_interval * self._growth
@@ -324,7 +331,7 @@ class Forwarder:
             if data is None:
                 continue
             try:
-                decode(data)
+                verify(data)  # gzip CRC and length: what a damaged file or a torn write breaks
             except PayloadError as exc:
                 self.spool.quarantine(entry, data, str(exc))
                 continue

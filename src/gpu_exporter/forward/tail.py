@@ -155,12 +155,27 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop["now"] = True
 
-    if hasattr(signal, "SIGTERM"):
-        try:
-            signal.signal(signal.SIGTERM, on_signal)
-            signal.signal(signal.SIGINT, on_signal)
-        except ValueError:  # not the main thread (tests)
-            pass
+    previous = {}
+    try:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            previous[signum] = signal.signal(signum, on_signal)
+    except ValueError:  # not the main thread
+        pass
+    try:
+        return _follow(client, settings, state, count, timeout, stop)
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+
+
+def _follow(
+    client: paho.Client,
+    settings: LinkSettings,
+    state: dict[str, Any],
+    count: int,
+    timeout: float,
+    stop: dict[str, bool],
+) -> int:
     try:
         client.connect(settings.host, settings.port, keepalive=settings.keepalive)
     except OSError as exc:
