@@ -104,27 +104,9 @@ def _read(data: bytes, max_bytes: int) -> ColumnBatch:
 def from_document(doc: Any) -> ColumnBatch:
     """The checks of ``batch.from_document``, in the same order, keeping the columns."""
     c = codec
-    if not isinstance(doc, dict):
-        raise c.PayloadError("payload must be a JSON object")
-    if doc.get("format") != c.FORMAT:
-        raise c.PayloadError(f"payload format is {doc.get('format')!r}, expected {c.FORMAT!r}")
-    version = doc.get("version")
-    if version != c.VERSION or isinstance(version, bool):
-        raise c.PayloadError(f"unsupported payload version {version!r}")
-    c._keys("payload", doc, c._TOP_KEYS, c._TOP_KEYS)
-    node = c._text("node", doc["node"])
-    boot = c._text("boot", doc["boot"])
-    seqs = c._undelta("seq", doc["seq"])
+    header = c._header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
+    node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
-    if n == 0:
-        raise c.PayloadError("seq: a batch needs at least one sample")
-    if seqs[0] < 1 or any(b <= a for a, b in itertools.pairwise(seqs)):
-        raise c.PayloadError("seq: sequence numbers must start at 1 or above and increase")
-    if c._int("first_seq", doc["first_seq"]) != seqs[0] or c._int("last_seq", doc["last_seq"]) != seqs[-1]:
-        raise c.PayloadError("first_seq/last_seq disagree with seq")
-    times = c._undelta("time_ms", doc["time_ms"])
-    if len(times) != n:
-        raise c.PayloadError(f"time_ms has {len(times)} entries for {n} samples")
     metrics = c._metrics(doc["metrics"])
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
