@@ -189,3 +189,27 @@ def test_the_bridge_connects_with_tls_and_a_password_file(tmp_path: Path) -> Non
         proc.wait()
         prom.stop()
         broker.stop()
+
+
+def test_an_unreachable_broker_is_reported_and_sigterm_still_stops_cleanly(tmp_path: Path) -> None:
+    log_path = tmp_path / "bridge.log"
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            bridge_cmd(
+                f"--mqtt.url=mqtt://127.0.0.1:{free_port()}",
+                "--remote-write.url=http://127.0.0.1:9/api/v1/write",
+                f"--bridge.listen-address=127.0.0.1:{free_port()}",
+            ),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=child_env(),
+        )
+    try:
+        wait_until(lambda: "cannot connect to MQTT broker" in log_path.read_text(), 20, "the warning")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(15) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert "Traceback" not in log_path.read_text()

@@ -222,6 +222,8 @@ class Bridge:
                 self._client.tls_insecure_set(True)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
+        self._client.on_connect_fail = self._on_connect_fail
+        self._last_fail_log = 0.0
         self._client.on_message = self._on_message
         self._client.on_subscribe = self._on_subscribe
         self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
@@ -261,6 +263,12 @@ class Bridge:
             log.error("MQTT broker refused the subscription to %s: %s", self.batch_topic, ", ".join(failed))
             return
         self._connected.set()
+
+    def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        now = time.monotonic()
+        if now - self._last_fail_log >= 60.0:  # paho retries every few seconds: say it once a minute
+            self._last_fail_log = now
+            log.warning("cannot connect to MQTT broker %s:%d; retrying", self._host, self._port)
 
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         self.metrics.connected.set(0)
