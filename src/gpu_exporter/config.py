@@ -80,6 +80,7 @@ class Config:
     bridge_max_inflight: int = 200
     bridge_max_payload: int = 16 * 1024 * 1024
     bridge_node_label: str = "node"
+    bridge_series_cache: int = 1_000_000
     remote_write_url: str = ""
     remote_write_username: str = ""
     remote_write_password_file: str = ""
@@ -511,6 +512,13 @@ OPTIONS: tuple[Option, ...] = (
         _label_name,
         "bridge: label that carries the node name on every series",
         "NAME",
+    ),
+    Option(
+        "bridge.series-cache",
+        "bridge_series_cache",
+        _positive_int,
+        "bridge: series whose encoded labels are kept (about 300 bytes each; 100 per GPU)",
+        "N",
     ),
     Option(
         "remote-write.url",

@@ -121,6 +121,7 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         receive_maximum=min(config.bridge_max_inflight, 65535),
         max_payload=config.bridge_max_payload,
         node_label=config.bridge_node_label,
+        series_cache=config.bridge_series_cache,
         rw_timeout=config.remote_write_timeout,
         rw_username=config.remote_write_username,
         rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),

@@ -15,12 +15,13 @@ from __future__ import annotations
 
 import itertools
 import re
+import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpu_exporter import catalog
 from gpu_exporter.bridge.columns import ColumnBatch
-from gpu_exporter.bridge.remote_write import LabelSet, Series, encode_labels
+from gpu_exporter.bridge.remote_write import Series, encode_labels
 from gpu_exporter.model import DeviceId, SeriesKey
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
@@ -30,14 +31,14 @@ INFO_METRIC = "gpu_info"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
-class _Entry:
-    """A series' label set and its encoded Label fields; compared by identity, which is cheap."""
+# A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):
+# about a third of the memory of keeping the label tuples too, and bytes cache their hash, so they are
+# cheap dictionary keys when the series of several batches are merged.
+_Entry = bytes
 
-    __slots__ = ("block", "labels")
 
-    def __init__(self, labels: LabelSet) -> None:
-        self.labels = labels
-        self.block = encode_labels(labels)
+def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
+    return encode_labels(tuple(sorted(labels)))
 
 
 class _Device:
@@ -65,7 +66,7 @@ class Converted:
 class Converter:
     """Turns batches into series. Not thread-safe: one per writer thread."""
 
-    def __init__(self, node_label: str = "node", cache_size: int = 500_000) -> None:
+    def __init__(self, node_label: str = "node", cache_size: int = 1_000_000) -> None:
         if not _LABEL_NAME.match(node_label) or node_label.startswith("__"):
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
@@ -104,9 +105,12 @@ class Converter:
             pairs = [("__name__", metric.name), *device.labels(), *metric.const_labels]
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
-            entry = _Entry(tuple(sorted(pairs)))
-        cache.series[series] = entry
+            entry = _entry(pairs)
+        cache.series[(sys.intern(key), dynamic)] = entry
         self._cached += 1
+        if self._cached >= self._cache_size:  # bounded memory: start over (this device's cache lives on)
+            self._devices.clear()
+            self._cached = 0
         return entry
 
     def _entries(self, node: str, device: DeviceId, cache: _Device, metrics: tuple[SeriesKey, ...]) -> _Device:
@@ -180,7 +184,7 @@ class Converter:
                     if points:
                         add((entry, [t for t, _ in points], [v for _, v in points]))
         if len({b.node for b, _ in ordered}) == len(ordered):  # one batch per node: no series twice
-            out.series = [Series(e.labels, t, v, e.block) for e, t, v in pieces]
+            out.series = [Series((), t, v, e) for e, t, v in pieces]
             return out
         parts: dict[_Entry, list[tuple[list[int], list[float]]]] = {}
         for entry, stamps, values in pieces:
@@ -191,9 +195,8 @@ class Converter:
                 found.append((stamps, values))
         joined: dict[tuple[int, ...], list[int]] = {}
         for entry, group in parts.items():
-            names = entry.labels
             if len(group) == 1:
-                out.series.append(Series(names, group[0][0], group[0][1], entry.block))
+                out.series.append(Series((), group[0][0], group[0][1], entry))
                 continue
             ids = tuple(id(p[0]) for p in group)
             ts_all = joined.get(ids)
@@ -202,9 +205,9 @@ class Converter:
             values = [v for p in group for v in p[1]]
             if any(b <= a for a, b in itertools.pairwise(ts_all)):
                 merged = sorted(dict(zip(ts_all, values, strict=True)).items())
-                out.series.append(Series(names, [t for t, _ in merged], [v for _, v in merged], entry.block))
+                out.series.append(Series((), [t for t, _ in merged], [v for _, v in merged], entry))
             else:
-                out.series.append(Series(names, ts_all, values, entry.block))
+                out.series.append(Series((), ts_all, values, entry))
         return out
 
     def _device_labels(
@@ -213,7 +216,7 @@ class Converter:
         """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
         up = cache.up
         if up is None:
-            up = cache.up = _Entry(tuple(sorted([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])))
+            up = cache.up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
         if not info:
             return up, None
         key = tuple(info.items())
@@ -225,6 +228,6 @@ class Converter:
             pairs.update(device.labels())
             pairs["__name__"] = INFO_METRIC
             pairs[self.node_label] = node
-            found = cache.info[key] = _Entry(tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))))
+            found = cache.info[key] = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
             self._cached += 1
         return up, found

@@ -45,7 +45,11 @@ HEADERS = {
 
 @dataclass(slots=True)
 class Series:
-    """One time series of a request: samples in time order, timestamps in milliseconds."""
+    """One time series of a request: samples in time order, timestamps in milliseconds.
+
+    ``encoded_labels``, when given, is the series' Label fields already encoded (``encode_labels``) and
+    replaces ``labels``, which may then be empty.
+    """
 
     labels: LabelSet
     timestamps: list[int] = field(default_factory=list)

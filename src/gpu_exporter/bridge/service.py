@@ -71,6 +71,7 @@ class BridgeSettings:
     rw_backoff_max: float = 10.0
     rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
+    series_cache: int = 1_000_000
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
@@ -183,7 +184,7 @@ class Bridge:
         self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
         self._stop = threading.Event()
         self._queue: queue.Queue[Received] = queue.Queue()
-        self._converter = Converter(settings.node_label)
+        self._converter = Converter(settings.node_label, cache_size=settings.series_cache)
         self._writer = RemoteWriter(
             settings.remote_write_url,
             timeout=settings.rw_timeout,
