@@ -65,10 +65,6 @@ def test_two_replicas_share_the_work_and_a_killed_one_loses_nothing(tmp_path: Pa
         selector = '{node=~"edge-r.*",__name__=~"gpu_.+"}'
         wait_until(lambda: want <= stored_points(prom.samples(selector)), 60, "every sample", interval=1.0)
         assert taken_by_one > 0 and taken_by_two > 0, (taken_by_one, taken_by_two)
-        after = one.metric("gpu_exporter_bridge_messages_received_total") + two.metric(
-            "gpu_exporter_bridge_messages_received_total"
-        )
-        assert after + taken_by_two >= len(batches)  # every message went to one replica or the other
     finally:
         one.stop(signal.SIGKILL)
         two.stop(signal.SIGKILL)
