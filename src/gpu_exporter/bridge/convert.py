@@ -1,0 +1,233 @@
+"""Decoded batches to remote-write series: catalog names, device labels, and the node label.
+
+Each value becomes a sample of the series ``<catalog name>{<device labels>, <constant labels>,
+<dynamic labels>, node="<node>"}`` at the sample's original timestamp, so that the cloud sees the same
+series the node's /metrics page shows, plus ``node``. Each device present in a sample also yields
+``gpu_up`` (1 or 0) and, when it has identity strings, ``gpu_info{...} 1``, as on the /metrics page
+(exposition.native_view).
+
+Label sets are cached: the same node, device and metric give the same tuple batch after batch. Series
+that have a value in every sample of a batch share one timestamp list, which lets the encoder pack
+them with one plan (see remote_write.WriteEncoder).
+"""
+
+from __future__ import annotations
+
+import itertools
+import re
+import sys
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+
+from gpu_exporter import catalog
+from gpu_exporter.bridge.columns import ColumnBatch
+from gpu_exporter.bridge.remote_write import Series, encode_labels
+from gpu_exporter.model import DeviceId, SeriesKey
+
+__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
+
+UP_METRIC = "gpu_up"
+INFO_METRIC = "gpu_info"
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+# A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):
+# about a third of the memory of keeping the label tuples too, and bytes cache their hash, so they are
+# cheap dictionary keys when the series of several batches are merged.
+_Entry = bytes
+
+
+def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
+    return encode_labels(tuple(sorted(labels)))
+
+
+class _Device:
+    """What the converter remembers about one device of one node."""
+
+    __slots__ = ("entries", "info", "metrics", "series", "unknown", "up")
+
+    def __init__(self) -> None:
+        self.series: dict[SeriesKey, _Entry | None] = {}
+        self.up: _Entry | None = None
+        self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
+        self.metrics: tuple[SeriesKey, ...] | None = None  # the metrics list ``entries`` was made for
+        self.entries: list[_Entry | None] = []
+        self.unknown: set[str] = set()
+
+
+@dataclass
+class Converted:
+    series: list[Series] = field(default_factory=list)
+    gpu_samples: int = 0  # (sample, device) pairs
+    newest_ms: int | None = None
+    unknown_keys: set[str] = field(default_factory=set)
+
+
+class Converter:
+    """Turns batches into series. Not thread-safe: one per writer thread."""
+
+    def __init__(self, node_label: str = "node", cache_size: int = 1_000_000) -> None:
+        if not _LABEL_NAME.match(node_label) or node_label.startswith("__"):
+            raise ValueError(f"invalid node label name {node_label!r}")
+        self.node_label = node_label
+        self._cache_size = cache_size
+        self._devices: dict[tuple[str, DeviceId], _Device] = {}
+        self._cached = 0
+
+    def _device_cache(self, node: str, device: DeviceId) -> _Device:
+        key = (node, device)
+        cache = self._devices.get(key)
+        if cache is None:
+            if self._cached >= self._cache_size:
+                self._devices.clear()
+                self._cached = 0
+            cache = self._devices[key] = _Device()
+        return cache
+
+    def _labels(
+        self,
+        node: str,
+        device: DeviceId,
+        cache: _Device,
+        series: SeriesKey,
+    ) -> _Entry | None:
+        """The labels of one catalog series on one device, None for an unknown key."""
+        try:
+            return cache.series[series]
+        except KeyError:
+            pass
+        key, dynamic = series
+        try:
+            metric = catalog.by_key(key)
+        except KeyError:
+            entry: _Entry | None = None
+        else:
+            pairs = [("__name__", metric.name), *device.labels(), *metric.const_labels]
+            pairs += zip(metric.labels, dynamic, strict=False)
+            pairs.append((self.node_label, node))
+            entry = _entry(pairs)
+        cache.series[(sys.intern(key), dynamic)] = entry
+        self._cached += 1
+        if self._cached >= self._cache_size:  # bounded memory: start over (this device's cache lives on)
+            self._devices.clear()
+            self._cached = 0
+        return entry
+
+    def _entries(self, node: str, device: DeviceId, cache: _Device, metrics: tuple[SeriesKey, ...]) -> _Device:
+        """The entry of each of a batch's metrics on one device; remade only when the metrics list changes."""
+        if cache.metrics != metrics:
+            cache.entries = [self._labels(node, device, cache, m) for m in metrics]
+            cache.unknown = {m[0] for m, e in zip(metrics, cache.entries, strict=True) if e is None}
+            cache.metrics = metrics
+        return cache
+
+    def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
+        """Series for each batch's samples at the given positions (None: all of them)."""
+        out = Converted()
+        pieces: list[tuple[_Entry, list[int], list[float]]] = []
+        add = pieces.append
+
+        def first_time(item: tuple[ColumnBatch, list[int] | None]) -> int:
+            batch, keep = item
+            return batch.times_ms[keep[0] if keep else 0]
+
+        ordered = sorted((i for i in items if i[1] is None or i[1]), key=first_time)
+        for batch, keep in ordered:
+            node = batch.node
+            times = batch.times_ms if keep is None else [batch.times_ms[i] for i in keep]
+            n = len(times)
+            if out.newest_ms is None or times[-1] > out.newest_ms:
+                out.newest_ms = max(times)
+            metrics = tuple(batch.metrics)
+            for dev in batch.devices:
+                cache = self._device_cache(node, dev.device)
+                up = dev.up if keep is None else [dev.up[i] for i in keep]
+                if None not in up and 0 not in up:  # the common case: present and answering throughout
+                    answering = None
+                    out.gpu_samples += n
+                    stamps_up = times
+                    flags = [1.0] * n
+                else:
+                    present = [i for i, u in enumerate(up) if u is not None]
+                    answering = [i for i in present if up[i]]
+                    out.gpu_samples += len(present)
+                    stamps_up = [times[i] for i in present]
+                    flags = [float(up[i]) for i in present]  # type: ignore[arg-type]
+                if not stamps_up:
+                    continue
+                up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
+                add((up_entry, stamps_up, flags))
+                if info_entry is not None:
+                    add((info_entry, stamps_up, [1.0] * len(stamps_up)))
+                if answering is not None and not answering:
+                    continue  # like the /metrics page: a device that did not answer has no values
+                plan = self._entries(node, dev.device, cache, metrics)
+                if plan.unknown:
+                    out.unknown_keys |= plan.unknown
+                if keep is None and answering is None and not dev.gaps:  # the common case, in one C loop
+                    pieces += [  # no gaps: no column holds a None
+                        (e, times, c)  # type: ignore[misc]
+                        for e, c in zip(plan.entries, dev.columns, strict=True)
+                        if c is not None and e
+                    ]
+                    continue
+                for entry, col in zip(plan.entries, dev.columns, strict=True):
+                    if col is None or entry is None:
+                        continue
+                    if keep is not None:
+                        col = [col[i] for i in keep]
+                    if answering is None and None not in col:
+                        add((entry, times, col))  # type: ignore[arg-type]
+                        continue
+                    positions = range(n) if answering is None else answering
+                    points = [(times[i], v) for i in positions if (v := col[i]) is not None]
+                    if points:
+                        add((entry, [t for t, _ in points], [v for _, v in points]))
+        if len({b.node for b, _ in ordered}) == len(ordered):  # one batch per node: no series twice
+            out.series = [Series((), t, v, e) for e, t, v in pieces]
+            return out
+        parts: dict[_Entry, list[tuple[list[int], list[float]]]] = {}
+        for entry, stamps, values in pieces:
+            found = parts.get(entry)
+            if found is None:
+                parts[entry] = [(stamps, values)]
+            else:
+                found.append((stamps, values))
+        joined: dict[tuple[int, ...], list[int]] = {}
+        for entry, group in parts.items():
+            if len(group) == 1:
+                out.series.append(Series((), group[0][0], group[0][1], entry))
+                continue
+            ids = tuple(id(p[0]) for p in group)
+            ts_all = joined.get(ids)
+            if ts_all is None:
+                ts_all = joined[ids] = [t for p in group for t in p[0]]
+            values = [v for p in group for v in p[1]]
+            if any(b <= a for a, b in itertools.pairwise(ts_all)):
+                merged = sorted(dict(zip(ts_all, values, strict=True)).items())
+                out.series.append(Series((), [t for t, _ in merged], [v for _, v in merged], entry))
+            else:
+                out.series.append(Series((), ts_all, values, entry))
+        return out
+
+    def _device_labels(
+        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device
+    ) -> tuple[_Entry, _Entry | None]:
+        """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
+        up = cache.up
+        if up is None:
+            up = cache.up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
+        if not info:
+            return up, None
+        key = tuple(info.items())
+        found = cache.info.get(key)
+        if found is None:
+            if len(cache.info) > 16:  # identity strings change rarely (a driver update)
+                cache.info.clear()
+            pairs = dict(key)
+            pairs.update(device.labels())
+            pairs["__name__"] = INFO_METRIC
+            pairs[self.node_label] = node
+            found = cache.info[key] = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
+            self._cached += 1
+        return up, found
