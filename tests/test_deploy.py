@@ -11,7 +11,6 @@ import json
 import re
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
@@ -31,8 +30,9 @@ needs_kubectl = pytest.mark.skipif(KUBECTL is None, reason="kubectl is not insta
 
 def _render(overlay: str) -> list[dict[str, Any]]:
     assert KUBECTL is not None
-    result = subprocess.run([KUBECTL, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(DEPLOY / overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, result.stderr
     return [doc for doc in yaml.safe_load_all(result.stdout) if doc]
 
@@ -64,6 +64,7 @@ def _agent(docs: list[dict[str, Any]]) -> dict[str, Any]:
 
 # --- schema validation -------------------------------------------------------------------------
 
+
 def test_rendered_manifests_pass_the_kubernetes_schemas(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     _, docs = rendered
@@ -92,6 +93,7 @@ def test_schema_validation_rejects_a_broken_daemonset() -> None:
 
 
 # --- DaemonSet properties ----------------------------------------------------------------------
+
 
 def test_no_gpu_is_requested(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     _, docs = rendered
@@ -127,14 +129,16 @@ def test_kubeedge_placement(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     overlay, docs = rendered
     spec = _pod_spec(docs)
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"]
+        "nodeSelectorTerms"
+    ]
     expressions = [e for term in terms for e in term["matchExpressions"]]
     # Exists, never `accelerator=nvidia` equality, which misses nodes labelled otherwise.
     assert {e["operator"] for e in expressions} == {"Exists"}
     assert all("values" not in e for e in expressions)
     gpu_keys = {"nvidia.com/gpu.present", "accelerator"}
     assert all(any(e["key"] in gpu_keys for e in term["matchExpressions"]) for term in terms)
-    edge_role = [any(e["key"] == "node-role.kubernetes.io/edge" for e in t["matchExpressions"]) for t in terms]
+    edge = "node-role.kubernetes.io/edge"
+    edge_role = [any(e["key"] == edge for e in t["matchExpressions"]) for t in terms]
     toleration_keys = {(t.get("key"), t.get("value")) for t in spec["tolerations"]}
     if overlay == "kubeedge":
         assert all(edge_role)
@@ -193,7 +197,7 @@ def test_spool_on_a_host_path(rendered: tuple[str, list[dict[str, Any]]]) -> Non
     mount = next(path for path in mounts if spool_dir.startswith(path.rstrip("/") + "/"))
     assert "hostPath" in volumes[mounts[mount]]
     # every other writable path is memory-backed and bounded (the root filesystem is read-only)
-    for path, name in mounts.items():
+    for name in mounts.values():
         volume = volumes[name]
         if "emptyDir" in volume:
             assert volume["emptyDir"]["sizeLimit"]
@@ -207,7 +211,8 @@ def test_rolling_update_one_node_at_a_time(rendered: tuple[str, list[dict[str, A
 
 
 def test_config_from_configmap_and_credentials_from_secret(
-        rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path) -> None:
+    rendered: tuple[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
     _, docs = rendered
     spec = _pod_spec(docs)
     configmap = _one(docs, "ConfigMap")
@@ -243,6 +248,7 @@ def test_plain_kubernetes_mounts_the_pod_resources_socket() -> None:
 
 # --- Service and ServiceMonitor ----------------------------------------------------------------
 
+
 def test_service_monitor_selects_the_agent() -> None:
     docs = [d for d in yaml.safe_load_all((DEPLOY / "servicemonitor.yaml").read_text(encoding="utf-8")) if d]
     service, monitor = _one(docs, "Service"), _one(docs, "ServiceMonitor")
@@ -258,6 +264,7 @@ def test_service_monitor_selects_the_agent() -> None:
 
 # --- prometheus-adapter and Grafana: the queries are valid PromQL on metrics we serve ----------
 
+
 def _promql_is_valid(tmp_path: Path, exprs: dict[str, str]) -> None:
     promtool = shutil.which("promtool")
     if promtool is None:
@@ -265,8 +272,9 @@ def _promql_is_valid(tmp_path: Path, exprs: dict[str, str]) -> None:
     rules = [{"record": f"check:{i}", "expr": e} for i, e in enumerate(exprs.values())]
     path = tmp_path / "exprs.yaml"
     path.write_text(yaml.safe_dump({"groups": [{"name": "exprs", "rules": rules}]}), encoding="utf-8")
-    result = subprocess.run([promtool, "check", "rules", str(path)], capture_output=True, text=True,
-                            timeout=60, check=False)
+    result = subprocess.run(
+        [promtool, "check", "rules", str(path)], capture_output=True, text=True, timeout=60, check=False
+    )
     assert result.returncode == 0, f"{result.stdout}{result.stderr}\n{list(exprs)}"
 
 
@@ -278,8 +286,9 @@ def _known_metric_names() -> set[str]:
 
 
 def test_prometheus_adapter_rule_is_valid_promql(tmp_path: Path) -> None:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "prometheus-adapter.yaml").read_text(encoding="utf-8"))
-            if d]
+    docs = [
+        d for d in yaml.safe_load_all((DEPLOY / "prometheus-adapter.yaml").read_text(encoding="utf-8")) if d
+    ]
     configmap = _one(docs, "ConfigMap")
     adapter = yaml.safe_load(configmap["data"]["config.yaml"])
     exprs = {}
@@ -287,9 +296,12 @@ def test_prometheus_adapter_rule_is_valid_promql(tmp_path: Path) -> None:
         series = re.match(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", rule["seriesQuery"])
         assert series and series.group(1) in _known_metric_names()
         assert {"namespace", "pod"} <= set(rule["resources"]["overrides"])
-        query = (rule["metricsQuery"].replace("<<.Series>>", series.group(1))
-                 .replace("<<.LabelMatchers>>", 'namespace="default",pod=~"web-.*"')
-                 .replace("<<.GroupBy>>", "namespace,pod"))
+        query = (
+            rule["metricsQuery"]
+            .replace("<<.Series>>", series.group(1))
+            .replace("<<.LabelMatchers>>", 'namespace="default",pod=~"web-.*"')
+            .replace("<<.GroupBy>>", "namespace,pod")
+        )
         exprs[rule["name"]["as"]] = query
     _promql_is_valid(tmp_path, exprs)
 
@@ -311,6 +323,7 @@ def test_grafana_dashboard_queries_are_valid(tmp_path: Path) -> None:
 
 
 # --- Dockerfile --------------------------------------------------------------------------------
+
 
 def _dockerfile_stages() -> list[list[tuple[str, str]]]:
     text = (ROOT / "Dockerfile").read_text(encoding="utf-8")
@@ -357,14 +370,15 @@ def test_dockerfile_is_multi_stage_slim_and_non_root() -> None:
 def test_dockerignore_keeps_the_context_small() -> None:
     lines = [ln.strip() for ln in (ROOT / ".dockerignore").read_text(encoding="utf-8").splitlines()]
     assert lines[lines.index("*")] == "*"
-    copied = {rest.split()[0] for stage in _dockerfile_stages() for ins, rest in stage
-              if ins == "COPY" and not rest.startswith("--from")}
+    copied = {
+        source
+        for stage in _dockerfile_stages()
+        for ins, rest in stage
+        if ins == "COPY" and not rest.startswith("--from")
+        for source in rest.split()[:-1]
+    }
     allowed = {ln[1:].rstrip("/") for ln in lines if ln.startswith("!")}
     for source in copied:
         assert source.rstrip("/") in allowed or source.split("/")[0] in allowed
     for source in ("pyproject.toml", "src"):
         assert (ROOT / source).exists()
-
-
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(pytest.main([__file__]))
