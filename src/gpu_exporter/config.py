@@ -19,7 +19,7 @@ from typing import Any
 import yaml
 
 from gpu_exporter import catalog
-from gpu_exporter.units import parse_duration, parse_size
+from gpu_exporter.units import parse_duration
 
 __all__ = ["OPTIONS", "Config", "ConfigError", "Option", "env_name", "load"]
 
@@ -124,7 +124,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 def _listen(text: str) -> str:
     value = str(text)
-    host, sep, port = value.rpartition(":")
+    _host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"invalid listen address {text!r} (use host:port or :port)")
     return value
@@ -161,25 +161,54 @@ class Option:
 
 
 OPTIONS: tuple[Option, ...] = (
-    Option("gpu-vendor", "gpu_vendor", _choice(*VENDORS),
-           "GPU library to read: auto picks what the machine has; fake simulates GPUs", "VENDOR"),
-    Option("gpu-metrics-collection-interval", "interval", _interval,
-           "how often GPUs are read, e.g. 500ms, 5s, 1m", "DURATION"),
-    Option("metrics-buffer-size", "buffer_size", _positive_int,
-           "samples kept in the ring buffer (the oldest is overwritten)", "N"),
-    Option("web.listen-address", "listen_address", _listen, "address for /metrics, /healthz, /readyz",
-           "[HOST]:PORT"),
+    Option(
+        "gpu-vendor",
+        "gpu_vendor",
+        _choice(*VENDORS),
+        "GPU library to read: auto picks what the machine has; fake simulates GPUs",
+        "VENDOR",
+    ),
+    Option(
+        "gpu-metrics-collection-interval",
+        "interval",
+        _interval,
+        "how often GPUs are read, e.g. 500ms, 5s, 1m",
+        "DURATION",
+    ),
+    Option(
+        "metrics-buffer-size",
+        "buffer_size",
+        _positive_int,
+        "samples kept in the ring buffer (the oldest is overwritten)",
+        "N",
+    ),
+    Option(
+        "web.listen-address",
+        "listen_address",
+        _listen,
+        "address for /metrics, /healthz, /readyz",
+        "[HOST]:PORT",
+    ),
     Option("web.telemetry-path", "telemetry_path", _path, "path under which metrics are served", "PATH"),
     Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
     Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
     Option("log.format", "log_format", _choice("text", "json"), "log format", "FORMAT"),
-    Option("metrics.include", "metrics_include", _regex,
-           "only serve and forward metrics whose name matches this regex", "REGEX"),
-    Option("metrics.exclude", "metrics_exclude", _regex,
-           "drop metrics whose name matches this regex", "REGEX"),
+    Option(
+        "metrics.include",
+        "metrics_include",
+        _regex,
+        "only serve and forward metrics whose name matches this regex",
+        "REGEX",
+    ),
+    Option("metrics.exclude", "metrics_exclude", _regex, "drop metrics whose name matches this regex", "REGEX"),
     Option("fake.gpus", "fake_gpus", _positive_int, "simulated GPUs for --gpu-vendor=fake", "N"),
-    Option("fake.mig", "fake_mig", _nonneg_int,
-           "MIG instances on the first simulated GPU (0 disables MIG; at most 7)", "N"),
+    Option(
+        "fake.mig",
+        "fake_mig",
+        _nonneg_int,
+        "MIG instances on the first simulated GPU (0 disables MIG; at most 7)",
+        "N",
+    ),
     Option("fake.seed", "fake_seed", _nonneg_int, "seed for the simulated values", "N"),
     Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
     Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
@@ -219,17 +248,32 @@ def env_name(option_name: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Declare every option as a flag; defaults are SUPPRESSed so that we see what was given."""
-    parser.add_argument("--config.file", dest="config.file", metavar="FILE", default=argparse.SUPPRESS,
-                        help=f"YAML file with any of these options (env {env_name('config.file')})")
+    parser.add_argument(
+        "--config.file",
+        dest="config.file",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"YAML file with any of these options (env {env_name('config.file')})",
+    )
     for opt in OPTIONS:
         default = getattr(Config(), opt.field)
         shown = f" (default: {default})" if default not in ("", None) else ""
-        parser.add_argument(f"--{opt.name}", dest=opt.name, metavar=opt.metavar, default=argparse.SUPPRESS,
-                            help=f"{opt.help}{shown}")
+        parser.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            metavar=opt.metavar,
+            default=argparse.SUPPRESS,
+            help=f"{opt.help}{shown}",
+        )
     group = parser.add_argument_group("collectors (all enabled by default)")
     for opt in _SWITCHES:
-        group.add_argument(f"--{opt.name}", dest=opt.name, action=argparse.BooleanOptionalAction,
-                           default=argparse.SUPPRESS, help=opt.help)
+        group.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=opt.help,
+        )
 
 
 class _LineLoader(yaml.SafeLoader):
@@ -269,7 +313,7 @@ def read_file(path: str) -> dict[str, tuple[Any, int]]:
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
     try:
-        data = yaml.load(text, Loader=_LineLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_LineLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
@@ -305,7 +349,7 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
     for name, (raw, source) in values.items():
         opt = _BY_NAME[name]
         try:
-            parsed = opt.parse(raw if isinstance(raw, bool) and opt.is_switch else str(raw))
+            parsed = opt.parse(str(raw).lower() if isinstance(raw, bool) else str(raw))
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
         if opt.is_switch:

@@ -90,7 +90,6 @@ def detect(config: Config) -> list[Backend]:
         found.append(backend)
     if not found:
         raise BackendError(
-            "no GPU found (" + "; ".join(reasons) + "); to try the exporter without one, "
-            "run it with --gpu-vendor=fake"
+            "no GPU found (" + "; ".join(reasons) + "); to try the exporter without one, run it with --gpu-vendor=fake"
         )
     return found

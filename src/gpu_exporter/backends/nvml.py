@@ -1,0 +1,619 @@
+"""NVIDIA GPUs through NVML (``nvidia-ml-py``).
+
+One handle per device, read once per interval by the sampler thread. A call the device does not
+support is remembered and never made again; a function the driver lacks is logged once; a lost GPU
+is reported ``up=False`` and retried with exponential backoff while the other GPUs go on being read.
+XID errors arrive on a thread of their own that waits on NVML events.
+
+The library module is a constructor argument: production passes ``pynvml``, the simulated backend
+passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import re
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from types import ModuleType
+from typing import Any
+
+from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.config import Config
+from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
+
+__all__ = ["CRITICAL_XIDS", "NvmlBackend", "create"]
+
+log = logging.getLogger(__name__)
+
+# XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
+# occurrence is an increase that alerts can see.
+CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+
+# bit of nvmlDeviceGetCurrentClocksEventReasons -> reason label
+CLOCK_EVENT_REASONS = (
+    (0x1, "gpu_idle"),
+    (0x2, "applications_clocks_setting"),
+    (0x4, "sw_power_cap"),
+    (0x8, "hw_slowdown"),
+    (0x10, "sync_boost"),
+    (0x20, "sw_thermal_slowdown"),
+    (0x40, "hw_thermal_slowdown"),
+    (0x80, "hw_power_brake_slowdown"),
+)
+
+_CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))  # NVML_CLOCK_* values
+_GPM_METRICS = (  # (NVML_GPM_METRIC_* id, catalog key)
+    (2, "sm_active"),
+    (3, "sm_occupancy"),
+    (5, "tensor_active"),
+    (10, "dram_active"),
+    (11, "fp64_active"),
+    (12, "fp32_active"),
+    (13, "fp16_active"),
+)
+_FI_MEMORY_TEMP = 82
+_FI_NVLINK_LINK_COUNT = 91
+_FI_NVLINK_TX = 138
+_FI_NVLINK_RX = 139
+_MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
+_RETRY_MAX = 300.0
+
+
+class _DeviceLost(Exception):
+    pass
+
+
+def _text(value: Any) -> str:
+    if isinstance(value, bytes):
+        return value.decode("utf-8", "replace")
+    return str(value)
+
+
+def _handle_key(handle: Any) -> Any:
+    """A hashable identity for a device handle (ctypes pointers compare by object, not address)."""
+    try:
+        return ctypes.addressof(handle.contents)
+    except (AttributeError, TypeError, ValueError):
+        return handle
+
+
+@dataclass
+class _Mig:
+    handle: Any
+    id: DeviceId
+    scope: str  # key for the "not supported" cache and logs, e.g. "0/mig3"
+
+
+@dataclass
+class _Device:
+    index: int
+    handle: Any = None
+    id: DeviceId = field(default_factory=lambda: DeviceId("", ""))
+    info: dict[str, str] = field(default_factory=dict)
+    static: dict[SeriesKey, float] = field(default_factory=dict)  # values read once (max clocks)
+    up: bool = False
+    retry_at: float = 0.0
+    backoff: float = 0.0
+    migs: list[_Mig] = field(default_factory=list)
+    nvlinks: int = 0
+    gpm: bool = False
+    gpm_samples: list[Any] = field(default_factory=list)
+    gpm_primed: bool = False
+    last_process_ts: int = 0
+
+    @property
+    def scope(self) -> str:
+        return str(self.index)
+
+
+class NvmlBackend:
+    """Reads every NVIDIA GPU (and MIG instance) the library reports."""
+
+    name = "nvidia"
+
+    def __init__(
+        self,
+        config: Config,
+        nvml: Any = None,
+        *,
+        retry_initial: float = 5.0,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._config = config
+        self._nv: Any = nvml
+        self._retry_initial = retry_initial
+        self._clock = clock
+        self.errors: Counter[str] = Counter()
+        self._unsupported: set[tuple[str, str]] = set()
+        self._missing: set[str] = set()
+        self._devices: list[_Device] = []
+        self._driver = ""
+        self._cuda = ""
+        self._xid_lock = threading.Lock()
+        self._xids: Counter[tuple[int, int]] = Counter()
+        self._stop = threading.Event()
+        self._xid_thread: threading.Thread | None = None
+        self._opened = False
+
+    # -- lifecycle -------------------------------------------------------------------------------
+
+    def open(self) -> None:
+        if self._nv is None:
+            self._nv = _import_pynvml()
+        nv = self._nv
+        try:
+            nv.nvmlInit()
+        except nv.NVMLError as exc:
+            raise BackendError(_init_message(nv, exc)) from None
+        self._opened = True
+        try:
+            count = int(nv.nvmlDeviceGetCount())
+            self._driver = _text(nv.nvmlSystemGetDriverVersion())
+        except nv.NVMLError as exc:
+            self.close()
+            raise BackendError(f"NVML cannot list devices: {exc}") from None
+        if count == 0:
+            self.close()
+            raise NoDevicesError("NVML reports no NVIDIA GPU on this machine")
+        try:
+            cuda = int(nv.nvmlSystemGetCudaDriverVersion())
+            self._cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
+        except nv.NVMLError:
+            self._cuda = ""
+        for index in range(count):
+            device = _Device(index=index, id=DeviceId(str(index), ""))
+            try:
+                self._attach(device)
+                device.up = True
+            except _DeviceLost:
+                self._mark_lost(device, "at start")
+            self._devices.append(device)
+        log.info(
+            "NVML %s: %d GPU(s), driver %s, CUDA %s",
+            getattr(nv, "__name__", "library"),
+            count,
+            self._driver,
+            self._cuda or "unknown",
+        )
+        if self._config.collector_enabled("xid"):
+            self._xid_thread = threading.Thread(target=self._xid_loop, name="nvml-xid", daemon=True)
+            self._xid_thread.start()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._xid_thread is not None:
+            self._xid_thread.join(timeout=2.0)
+            self._xid_thread = None
+        if self._opened:
+            for device in self._devices:
+                for sample in device.gpm_samples:
+                    self._try(device, "nvmlGpmSampleFree", sample)
+            try:
+                self._nv.nvmlShutdown()
+            except self._nv.NVMLError:
+                pass
+            self._opened = False
+
+    def healthy(self) -> bool:
+        return self._opened and any(d.up for d in self._devices)
+
+    # -- calls -----------------------------------------------------------------------------------
+
+    def _call(self, device: _Device | _Mig, name: str, *args: Any, label: str = "", **kwargs: Any) -> Any:
+        """Call ``nvml.<name>``; None when the value is unavailable. Raises _DeviceLost.
+
+        ``label`` names the call in error counts and caches when one function has two variants.
+        """
+        fn_name, name = name, label or name
+        if name in self._missing or (device.scope, name) in self._unsupported:
+            return None
+        nv = self._nv
+        try:
+            return getattr(nv, fn_name)(*args, **kwargs)
+        except (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument):
+            self._unsupported.add((device.scope, name))
+        except nv.NVMLError_FunctionNotFound:
+            self._missing.add(name)
+            log.info("%s is not in this NVIDIA driver; its metrics are skipped", name)
+        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
+            self.errors[name] += 1
+            raise _DeviceLost(f"{name}: {exc}") from None
+        except (nv.NVMLError_NotFound, nv.NVMLError_NoData):
+            pass  # nothing to report right now (no process samples yet)
+        except nv.NVMLError as exc:
+            self.errors[name] += 1
+            log.debug("GPU %s: %s failed: %s", device.scope, name, exc)
+        return None
+
+    def _try(self, device: _Device, name: str, *args: Any) -> Any:
+        """Like _call, for paths where a lost device is not news (cleanup, discovery extras)."""
+        try:
+            return self._call(device, name, *args)
+        except _DeviceLost:
+            return None
+
+    # -- discovery -------------------------------------------------------------------------------
+
+    def _attach(self, device: _Device) -> None:
+        """Get the handle and everything that does not change while the driver stays loaded."""
+        nv = self._nv
+        index = device.index
+        handle = self._call(device, "nvmlDeviceGetHandleByIndex", index)
+        if handle is None:
+            raise _DeviceLost("no handle")
+        device.handle = handle
+        uuid = _text(self._call(device, "nvmlDeviceGetUUID", handle) or "")
+        if not uuid:
+            raise _DeviceLost("no UUID")
+        device.id = DeviceId(str(index), uuid)
+        pci = self._call(device, "nvmlDeviceGetPciInfo", handle)
+        minor = self._call(device, "nvmlDeviceGetMinorNumber", handle)
+        info = {
+            "name": _text(self._call(device, "nvmlDeviceGetName", handle) or ""),
+            "serial": _text(self._call(device, "nvmlDeviceGetSerial", handle) or ""),
+            "pci_bus_id": _text(pci.busId) if pci is not None else "",
+            "device": f"nvidia{minor}" if minor is not None else "",
+            "driver_version": self._driver,
+            "cuda_version": self._cuda,
+            "vendor": "nvidia",
+        }
+        device.info = {k: v for k, v in info.items() if v}
+        device.static = {}
+        if self._config.collector_enabled("clocks"):
+            for clock, clock_id in _CLOCKS:
+                mhz = self._call(device, "nvmlDeviceGetMaxClockInfo", handle, clock_id)
+                if mhz:
+                    device.static[(f"clock_max_{clock}", ())] = mhz * 1e6
+        if self._config.collector_enabled("nvlink"):
+            values = self._field_values(device, [_FI_NVLINK_LINK_COUNT])
+            device.nvlinks = int(values.get((_FI_NVLINK_LINK_COUNT, 0), 0))
+        if self._config.collector_enabled("gpm") and not device.gpm_samples:
+            support = self._call(device, "nvmlGpmQueryDeviceSupport", handle)
+            if support is not None and support.isSupportedDevice:
+                first = self._call(device, "nvmlGpmSampleAlloc")
+                second = self._call(device, "nvmlGpmSampleAlloc")
+                if first is not None and second is not None:
+                    device.gpm_samples = [first, second]
+                    device.gpm = True
+        device.gpm_primed = False
+        device.migs = self._discover_migs(device) if nv is not None else []
+
+    def _discover_migs(self, device: _Device) -> list[_Mig]:
+        if not self._config.collector_enabled("mig"):
+            return []
+        mode = self._call(device, "nvmlDeviceGetMigMode", device.handle)
+        if not mode or int(mode[0]) != 1:
+            return []
+        slots = int(self._call(device, "nvmlDeviceGetMaxMigDeviceCount", device.handle) or 0)
+        migs: list[_Mig] = []
+        for slot in range(slots):
+            try:
+                handle = self._nv.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, slot)
+            except self._nv.NVMLError:
+                continue  # empty slot
+            uuid = _text(self._try(device, "nvmlDeviceGetUUID", handle) or "")
+            gi = self._try(device, "nvmlDeviceGetGpuInstanceId", handle)
+            ci = self._try(device, "nvmlDeviceGetComputeInstanceId", handle)
+            name = _text(self._try(device, "nvmlDeviceGetName", handle) or "")
+            match = _MIG_PROFILE.search(name)
+            mig_id = DeviceId(
+                gpu=device.id.gpu,
+                uuid=uuid,
+                gpu_instance=str(gi if gi is not None else ""),
+                compute_instance=str(ci if ci is not None else ""),
+                mig_profile=match.group(1) if match else "",
+                parent_uuid=device.id.uuid,
+            )
+            migs.append(_Mig(handle, mig_id, f"{device.index}/mig{slot}"))
+        return migs
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def read(self) -> list[DeviceSample]:
+        out: list[DeviceSample] = []
+        now = self._clock()
+        for device in self._devices:
+            if not device.up and now < device.retry_at:
+                out.append(DeviceSample(device.id, False, info=device.info))
+                continue
+            try:
+                if not device.up:
+                    self._attach(device)
+                    log.warning("GPU %d (%s) is back", device.index, device.id.uuid)
+                samples = self._read_device(device)
+            except _DeviceLost as exc:
+                self._mark_lost(device, str(exc))
+                out.append(DeviceSample(device.id, False, info=device.info))
+                continue
+            device.up = True
+            device.backoff = 0.0
+            out.extend(samples)
+        return out
+
+    def _mark_lost(self, device: _Device, why: str) -> None:
+        if device.up or device.backoff == 0.0:
+            log.warning(
+                "GPU %d (%s) is not answering (%s); retrying with backoff",
+                device.index,
+                device.id.uuid or "unknown uuid",
+                why,
+            )
+        device.up = False
+        device.backoff = min(_RETRY_MAX, device.backoff * 2 or self._retry_initial)
+        device.retry_at = self._clock() + device.backoff
+
+    def _read_device(self, device: _Device) -> list[DeviceSample]:
+        enabled = self._config.collector_enabled
+        h = device.handle
+        v: dict[SeriesKey, float] = dict(device.static)
+        call = self._call
+
+        if enabled("utilization"):
+            util = call(device, "nvmlDeviceGetUtilizationRates", h)
+            if util is not None:
+                v[("utilization", ())] = util.gpu / 100.0
+                v[("memory_utilization", ())] = util.memory / 100.0
+            for key, name in (
+                ("encoder_utilization", "nvmlDeviceGetEncoderUtilization"),
+                ("decoder_utilization", "nvmlDeviceGetDecoderUtilization"),
+            ):
+                codec = call(device, name, h)
+                if codec is not None:
+                    v[(key, ())] = codec[0] / 100.0
+        if enabled("memory"):
+            self._memory(device, h, v)
+        if enabled("temperature"):
+            temp = call(device, "nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
+            if temp is not None:
+                v[("temp_gpu", ())] = float(temp)
+            fields = self._field_values(device, [_FI_MEMORY_TEMP])
+            if (_FI_MEMORY_TEMP, 0) in fields:
+                v[("temp_memory", ())] = fields[(_FI_MEMORY_TEMP, 0)]
+        if enabled("power"):
+            for key, name, scale in (
+                ("power", "nvmlDeviceGetPowerUsage", 1e-3),
+                ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),
+                ("energy", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),
+            ):
+                raw = call(device, name, h)
+                if raw is not None:
+                    v[(key, ())] = raw * scale
+        if enabled("clocks"):
+            for clock, clock_id in _CLOCKS:
+                mhz = call(device, "nvmlDeviceGetClockInfo", h, clock_id)
+                if mhz is not None:
+                    v[(f"clock_{clock}", ())] = mhz * 1e6
+            pstate = call(device, "nvmlDeviceGetPerformanceState", h)
+            if pstate is not None and 0 <= pstate <= 15:
+                v[("performance_state", ())] = float(pstate)
+            reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons", h)
+            if reasons is not None:
+                for bit, reason in CLOCK_EVENT_REASONS:
+                    v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
+        if enabled("fan"):
+            fan = call(device, "nvmlDeviceGetFanSpeed", h)
+            if fan is not None:
+                v[("fan_speed", ())] = fan / 100.0
+        if enabled("pcie"):
+            for key, counter in (("pcie_tx", 0), ("pcie_rx", 1)):  # NVML_PCIE_UTIL_TX/RX_BYTES
+                kib = call(device, "nvmlDeviceGetPcieThroughput", h, counter)
+                if kib is not None:
+                    v[(key, ())] = kib * 1024.0
+            for key, name in (
+                ("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
+                ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
+                ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+            ):
+                raw = call(device, name, h)
+                if raw is not None:
+                    v[(key, ())] = float(raw)
+        if enabled("ecc"):
+            self._ecc(device, h, v)
+        if enabled("nvlink") and device.nvlinks:
+            ids = [(fid, link) for link in range(device.nvlinks) for fid in (_FI_NVLINK_TX, _FI_NVLINK_RX)]
+            for (fid, link), value in self._field_values(device, ids).items():
+                v[("nvlink_tx" if fid == _FI_NVLINK_TX else "nvlink_rx", (str(link),))] = value * 1024.0
+        processes: tuple[ProcessUsage, ...] = ()
+        if enabled("processes"):
+            processes = self._processes(device, h, v)
+        if enabled("gpm") and device.gpm:
+            self._gpm(device, v)
+        if enabled("xid"):
+            with self._xid_lock:
+                counts = {xid: n for (index, xid), n in self._xids.items() if index == device.index}
+            for xid in CRITICAL_XIDS:
+                counts.setdefault(xid, 0)
+            for xid, n in counts.items():
+                v[("xid_errors", (str(xid),))] = float(n)
+
+        out = [DeviceSample(device.id, True, v, device.info, processes)]
+        for mig in device.migs:
+            out.append(self._read_mig(device, mig))
+        return out
+
+    def _read_mig(self, device: _Device, mig: _Mig) -> DeviceSample:
+        v: dict[SeriesKey, float] = {}
+        processes: tuple[ProcessUsage, ...] = ()
+        if self._config.collector_enabled("memory"):
+            self._memory(mig, mig.handle, v)
+        if self._config.collector_enabled("processes"):
+            processes = self._processes(mig, mig.handle, v)
+        return DeviceSample(mig.id, True, v, device.info, processes)
+
+    def _memory(self, device: _Device | _Mig, h: Any, v: dict[SeriesKey, float]) -> None:
+        mem = self._call(
+            device,
+            "nvmlDeviceGetMemoryInfo",
+            h,
+            version=self._nv.nvmlMemory_v2,
+            label="nvmlDeviceGetMemoryInfo_v2",
+        )
+        if mem is None:
+            mem = self._call(device, "nvmlDeviceGetMemoryInfo", h)
+        if mem is None:
+            return
+        v[("memory_total", ())] = float(mem.total)
+        v[("memory_used", ())] = float(mem.used)
+        v[("memory_free", ())] = float(mem.free)
+        reserved = getattr(mem, "reserved", None)
+        if reserved is not None:
+            v[("memory_reserved", ())] = float(reserved)
+
+    def _ecc(self, device: _Device, h: Any, v: dict[SeriesKey, float]) -> None:
+        for error_type, kind in ((0, "corrected"), (1, "uncorrected")):  # NVML_MEMORY_ERROR_TYPE_*
+            for counter_type, scope in ((0, "volatile"), (1, "aggregate")):  # NVML_*_ECC
+                count = self._call(device, "nvmlDeviceGetTotalEccErrors", h, error_type, counter_type)
+                if count is not None:
+                    v[(f"ecc_{kind}_{scope}", ())] = float(count)
+        rows = self._call(device, "nvmlDeviceGetRemappedRows", h)
+        if rows is not None:
+            corr, unc, pending, failure = rows
+            v[("remapped_rows_correctable", ())] = float(corr)
+            v[("remapped_rows_uncorrectable", ())] = float(unc)
+            v[("remapped_rows_pending", ())] = 1.0 if pending else 0.0
+            v[("remapped_rows_failure", ())] = 1.0 if failure else 0.0
+        for cause, key in ((0, "retired_pages_sbe"), (1, "retired_pages_dbe")):
+            pages = self._call(device, "nvmlDeviceGetRetiredPages", h, cause)
+            if pages is not None:
+                v[(key, ())] = float(len(pages))
+
+    def _field_values(self, device: _Device, ids: list[Any]) -> dict[tuple[int, int], float]:
+        """Field values that came back without error, keyed (field id, scope id)."""
+        raw = self._call(device, "nvmlDeviceGetFieldValues", device.handle, ids)
+        out: dict[tuple[int, int], float] = {}
+        if raw is None:
+            return out
+        for item in raw:
+            if item.nvmlReturn != 0:
+                continue
+            value = _field_value(item)
+            if value is not None:
+                out[(int(item.fieldId), int(item.scopeId))] = value
+        return out
+
+    def _processes(self, device: _Device | _Mig, h: Any, v: dict[SeriesKey, float]) -> tuple[ProcessUsage, ...]:
+        procs = self._call(device, "nvmlDeviceGetComputeRunningProcesses", h)
+        if procs is None:
+            return ()
+        v[("processes", ())] = float(len(procs))
+        known = [p.usedGpuMemory for p in procs if p.usedGpuMemory is not None]
+        if known:
+            v[("processes_memory", ())] = float(sum(known))
+        sm: dict[int, float] = {}
+        if procs and isinstance(device, _Device):  # not reported per MIG instance
+            samples = self._call(device, "nvmlDeviceGetProcessUtilization", h, device.last_process_ts)
+            for s in samples or ():
+                sm[int(s.pid)] = s.smUtil / 100.0
+                device.last_process_ts = max(device.last_process_ts, int(s.timeStamp))
+        return tuple(
+            ProcessUsage(int(p.pid), None if p.usedGpuMemory is None else float(p.usedGpuMemory), sm.get(int(p.pid)))
+            for p in procs
+        )
+
+    def _gpm(self, device: _Device, v: dict[SeriesKey, float]) -> None:
+        """GPM metrics are rates between two samples: the first cycle only primes."""
+        current, previous = device.gpm_samples
+        if self._call(device, "nvmlGpmSampleGet", device.handle, current) is None:
+            return
+        if device.gpm_primed:
+            request = self._nv.c_nvmlGpmMetricsGet_t()
+            request.version = self._nv.NVML_GPM_METRICS_GET_VERSION
+            request.numMetrics = len(_GPM_METRICS)
+            request.sample1 = previous
+            request.sample2 = current
+            for i, (metric_id, _) in enumerate(_GPM_METRICS):
+                request.metrics[i].metricId = metric_id
+            result = self._call(device, "nvmlGpmMetricsGet", request)
+            if result is not None:
+                for i, (_, key) in enumerate(_GPM_METRICS):
+                    metric = result.metrics[i]
+                    if metric.nvmlReturn == 0:
+                        v[(key, ())] = max(0.0, min(1.0, float(metric.value) / 100.0))
+        device.gpm_samples = [previous, current]
+        device.gpm_primed = True
+
+    # -- xid -------------------------------------------------------------------------------------
+
+    def _xid_loop(self) -> None:
+        nv = self._nv
+        try:
+            event_set = nv.nvmlEventSetCreate()
+        except nv.NVMLError as exc:
+            log.info("XID events unavailable: %s", exc)
+            return
+        by_handle: dict[Any, int] = {}
+        for device in self._devices:
+            if device.handle is None:
+                continue
+            try:
+                nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, event_set)
+                by_handle[_handle_key(device.handle)] = device.index
+            except nv.NVMLError as exc:
+                log.info("GPU %d: XID events unavailable: %s", device.index, exc)
+        try:
+            while not self._stop.is_set() and by_handle:
+                try:
+                    data = nv.nvmlEventSetWait_v2(event_set, 500)
+                except nv.NVMLError_Timeout:
+                    continue
+                except nv.NVMLError as exc:
+                    self.errors["nvmlEventSetWait_v2"] += 1
+                    log.debug("XID wait failed: %s", exc)
+                    self._stop.wait(1.0)
+                    continue
+                index = by_handle.get(_handle_key(data.device))
+                if index is None:
+                    continue
+                xid = int(data.eventData)
+                log.warning("GPU %d: XID %d", index, xid)
+                with self._xid_lock:
+                    self._xids[(index, xid)] += 1
+        finally:
+            try:
+                nv.nvmlEventSetFree(event_set)
+            except nv.NVMLError:
+                pass
+
+
+def _field_value(item: Any) -> float | None:
+    kind = int(item.valueType)
+    value = item.value
+    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind)
+    return float(getattr(value, attr)) if attr else None
+
+
+def _import_pynvml() -> ModuleType:
+    try:
+        module = importlib.import_module("pynvml")
+    except ImportError:
+        raise BackendError("the nvidia-ml-py package is not installed (pip install nvidia-ml-py)") from None
+    return module
+
+
+def _init_message(nv: Any, exc: Exception) -> str:
+    if isinstance(exc, nv.NVMLError_LibraryNotFound):
+        return (
+            "NVIDIA library libnvidia-ml.so.1 not found: check that the NVIDIA driver is installed and, "
+            "in a container, that it runs with the NVIDIA runtime (runtimeClassName: nvidia, "
+            "NVIDIA_VISIBLE_DEVICES=all)"
+        )
+    if isinstance(exc, nv.NVMLError_DriverNotLoaded):
+        return "NVIDIA driver is not loaded: check `lsmod | grep nvidia` and the driver installation"
+    if isinstance(exc, nv.NVMLError_LibRmVersionMismatch):
+        return (
+            "NVIDIA driver/library version mismatch: the kernel module and libnvidia-ml.so differ "
+            "(usually after a driver upgrade without reboot); reload the driver or reboot"
+        )
+    if isinstance(exc, nv.NVMLError_NoPermission):
+        return "no permission to open the NVIDIA devices: check access to /dev/nvidia*"
+    return f"NVML initialisation failed: {exc}"
+
+
+def create(config: Config) -> NvmlBackend:
+    return NvmlBackend(config)

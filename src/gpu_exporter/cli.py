@@ -1,0 +1,183 @@
+"""Command line: ``gpu-exporter [flags]`` runs the exporter; ``gpu-exporter <subcommand>`` the others.
+
+Exit codes: 0 clean stop, 1 a runtime problem (no GPU library, port in use), 2 a usage problem (bad
+flag, bad config). Every error a user can cause ends in one line on stderr, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import importlib
+import json
+import logging
+import signal
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from types import FrameType
+from typing import Any
+
+from gpu_exporter import __version__
+from gpu_exporter import config as cfg
+
+__all__ = ["build_parser", "entry", "main"]
+
+log = logging.getLogger("gpu_exporter")
+
+PROG = "gpu-exporter"
+
+# subcommand -> "module:function" taking argv and returning an exit code
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "tail": ("gpu_exporter.forward.tail:main", "print the decoded samples arriving on an MQTT broker"),
+    "bridge": ("gpu_exporter.bridge.cli:main", "cloud side: MQTT to Prometheus remote write"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    subs = "\n".join(f"  {name:8} {text}" for name, (_, text) in SUBCOMMANDS.items())
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Node-level GPU metrics exporter: Prometheus endpoint and store-and-forward over MQTT.",
+        epilog=f"subcommands (gpu-exporter SUBCOMMAND --help):\n{subs}\n\n"
+        f"Every option can also be set as an environment variable ({cfg.ENV_PREFIX}<OPTION>, e.g. "
+        f"{cfg.env_name('web.listen-address')}) or as a key in the --config.file YAML.\n"
+        "Precedence: flag > environment > file > default.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    cfg.add_arguments(parser)
+    return parser
+
+
+class _JsonFormatter(logging.Formatter):
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            entry["exc"] = self.formatException(record.exc_info)
+        return json.dumps(entry)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    if fmt == "json":
+        handler.setFormatter(_JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel({"warn": logging.WARNING}.get(level, level.upper()))
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    if args_list and args_list[0] in SUBCOMMANDS:
+        target, _ = SUBCOMMANDS[args_list[0]]
+        module_name, _, func = target.partition(":")
+        try:
+            module = importlib.import_module(module_name)
+        except ImportError:
+            return _fail(f"the {args_list[0]} subcommand is not available in this build", 2)
+        code: int = getattr(module, func)(args_list[1:])
+        return code
+    args = build_parser().parse_args(args_list)
+    try:
+        config = cfg.load(vars(args))
+    except cfg.ConfigError as exc:
+        return _fail(str(exc), 2)
+    setup_logging(config.log_level, config.log_format)
+    return run(config)
+
+
+def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
+    """Run the exporter until SIGTERM/SIGINT (or ``stop`` is set)."""
+    from prometheus_client import CollectorRegistry
+
+    from gpu_exporter.backends import base
+    from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer, native_view
+    from gpu_exporter.ring import RingBuffer
+    from gpu_exporter.sampler import Sampler
+
+    stop = stop or threading.Event()
+    try:
+        backends = base.create(config)
+    except base.BackendError as exc:
+        return _fail(str(exc), 1)
+
+    ring = RingBuffer(config.buffer_size)
+    registry = CollectorRegistry(auto_describe=False)
+    view = native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
+    exposition = Exposition(registry, view)
+    sampler = Sampler(backends, ring, config.interval, [exposition.update])
+    registry.register(AgentCollector(sampler, ring, backends))
+
+    def ready() -> tuple[bool, str]:
+        if ring.latest() is None:
+            return False, "no sample yet"
+        if not any(b.healthy() for b in backends):
+            return False, "no GPU is answering"
+        return True, "ready"
+
+    try:
+        server = MetricsServer(config.listen_address, config.telemetry_path, exposition, ready)
+    except OSError as exc:
+        for backend in backends:
+            backend.close()
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        return _fail(f"cannot listen on {config.listen_address}: {reason}", 1)
+
+    forwarder = None
+    if getattr(config, "mqtt_url", ""):
+        forward = importlib.import_module("gpu_exporter.forward.service")
+        forwarder = forward.Forwarder(config, ring, registry)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        log.info("received %s, stopping", signal.Signals(signum).name)
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+
+    server.start()
+    sampler.start()
+    if forwarder is not None:
+        forwarder.start()
+    log.info(
+        "serving %s on %s (port %d), node %s, %s backend(s), interval %gs",
+        config.telemetry_path,
+        config.listen_address,
+        server.port,
+        config.node_name,
+        ",".join(b.name for b in backends),
+        config.interval,
+    )
+    stop.wait()
+    sampler.stop()
+    if forwarder is not None:
+        forwarder.stop(timeout=5.0)
+    server.stop()
+    for backend in backends:
+        backend.close()
+    log.info("stopped")
+    return 0
+
+
+def entry() -> None:
+    """Console-script entry point."""
+    try:
+        code = main()
+    except KeyboardInterrupt:
+        code = 130
+    sys.exit(code)

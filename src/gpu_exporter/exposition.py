@@ -1,0 +1,379 @@
+"""The Prometheus page: rendered once per sample, served as stored bytes (and pre-gzipped).
+
+A scrape never calls a vendor library and never renders: it copies a reference under a lock and
+writes bytes. Device metrics are rendered by a catalog-driven renderer through a ``View`` (which names
+and scales each catalog key); the agent's own metrics come from a prometheus_client registry whose
+collectors build families fresh from live state.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import re
+import socket
+import sys
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter import __version__, catalog
+from gpu_exporter.backends.base import Backend
+from gpu_exporter.model import DeviceId, Sample
+from gpu_exporter.ring import RingBuffer
+from gpu_exporter.sampler import Sampler
+
+__all__ = [
+    "AgentCollector",
+    "Exposition",
+    "MetricsServer",
+    "View",
+    "ViewFamily",
+    "ViewSeries",
+    "native_view",
+    "render",
+]
+
+log = logging.getLogger(__name__)
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _help(text: str) -> str:
+    return text.replace("\\", "\\\\").replace("\n", "\\n")
+
+
+def _pairs(pairs: Iterable[tuple[str, str]]) -> str:
+    return ",".join(f'{k}="{escape(v)}"' for k, v in pairs)
+
+
+def fmt(value: float) -> str:
+    if value != value:  # NaN never comes from a backend, but render it validly if it does
+        return "NaN"
+    if value.is_integer() and abs(value) < 1e15:
+        return str(int(value))
+    return repr(value)
+
+
+@dataclass(frozen=True, slots=True)
+class ViewSeries:
+    key: str  # catalog key
+    const: str  # pre-rendered constant labels, with a leading comma, or ""
+    dynamic: tuple[str, ...]  # names of the dynamic labels, in the order the backend gives values
+    scale: float = 1.0
+
+
+@dataclass(frozen=True, slots=True)
+class ViewFamily:
+    name: str
+    type: str
+    help: str
+    series: tuple[ViewSeries, ...]
+
+    @property
+    def header(self) -> str:
+        return f"# HELP {self.name} {_help(self.help)}\n# TYPE {self.name} {self.type}\n"
+
+
+@dataclass(frozen=True)
+class View:
+    """How device readings become series: family names, units, labels."""
+
+    families: tuple[ViewFamily, ...]
+    up: ViewFamily | None
+    info: ViewFamily | None
+    device_labels: Callable[[DeviceId, dict[str, str]], str]
+    info_labels: Callable[[DeviceId, dict[str, str]], str]
+
+
+def _native_device_labels(device: DeviceId, info: dict[str, str]) -> str:
+    return _pairs(device.labels())
+
+
+_INFO_ORDER = ("name", "serial", "pci_bus_id", "device", "driver_version", "cuda_version", "vendor")
+
+
+def _native_info_labels(device: DeviceId, info: dict[str, str]) -> str:
+    keys = [k for k in _INFO_ORDER if k in info] + sorted(k for k in info if k not in _INFO_ORDER)
+    return _pairs([*device.labels(), *((k, info[k]) for k in keys)])
+
+
+def name_filter(include: str = "", exclude: str = "") -> Callable[[str], bool]:
+    inc = re.compile(include) if include else None
+    exc = re.compile(exclude) if exclude else None
+
+    def keep(name: str) -> bool:
+        if inc is not None and not inc.search(name):
+            return False
+        return not (exc is not None and exc.search(name))
+
+    return keep
+
+
+def native_view(include: str = "", exclude: str = "", enabled: Callable[[str], bool] = lambda g: True) -> View:
+    """Our own names and base units (the default, ``--metrics.naming=native``)."""
+    keep = name_filter(include, exclude)
+    families = []
+    for fam in catalog.families([m for m in catalog.CATALOG if enabled(m.group)]):
+        if not keep(fam.name):
+            continue
+        series = tuple(
+            ViewSeries(m.key, "".join(f',{k}="{escape(v)}"' for k, v in m.const_labels), m.labels) for m in fam.metrics
+        )
+        families.append(ViewFamily(fam.name, fam.type, fam.help, series))
+    up = ViewFamily("gpu_up", "gauge", "1 when the device answered in the last collect cycle, else 0.", ())
+    info = ViewFamily("gpu_info", "gauge", "Device identity; the value is always 1.", ())
+    return View(
+        tuple(families),
+        up if keep(up.name) else None,
+        info if keep(info.name) else None,
+        _native_device_labels,
+        _native_info_labels,
+    )
+
+
+def render(sample: Sample, view: View) -> str:
+    """Prometheus text for the device metrics of one sample."""
+    cache: dict[DeviceId, str] = {}
+    rows: list[tuple[str, dict[str, list[tuple[tuple[str, ...], float]]]]] = []
+    out: list[str] = []
+    up_lines: list[str] = []
+    info_lines: list[str] = []
+    for ds in sample.devices:
+        labels = cache.get(ds.device)
+        if labels is None:
+            labels = cache[ds.device] = view.device_labels(ds.device, ds.info)
+        if view.up is not None:
+            up_lines.append(f"{view.up.name}{{{labels}}} {1 if ds.up else 0}\n")
+        if view.info is not None and ds.info:
+            info_lines.append(f"{view.info.name}{{{view.info_labels(ds.device, ds.info)}}} 1\n")
+        if not ds.up:
+            continue
+        grouped: dict[str, list[tuple[tuple[str, ...], float]]] = {}
+        for (key, dynamic), value in ds.values.items():
+            grouped.setdefault(key, []).append((dynamic, value))
+        rows.append((labels, grouped))
+    if up_lines and view.up is not None:
+        out.append(view.up.header)
+        out.extend(up_lines)
+    if info_lines and view.info is not None:
+        out.append(view.info.header)
+        out.extend(info_lines)
+    for fam in view.families:
+        lines: list[str] = []
+        name = fam.name
+        for labels, grouped in rows:
+            for series in fam.series:
+                entries = grouped.get(series.key)
+                if not entries:
+                    continue
+                for dynamic, value in entries:
+                    extra = "".join(f',{n}="{escape(v)}"' for n, v in zip(series.dynamic, dynamic, strict=False))
+                    lines.append(f"{name}{{{labels}{series.const}{extra}}} {fmt(value * series.scale)}\n")
+        if lines:
+            out.append(fam.header)
+            out.extend(lines)
+    return "".join(out)
+
+
+class AgentCollector:
+    """The agent's own metrics, read from live state at render time."""
+
+    def __init__(self, sampler: Sampler, ring: RingBuffer, backends: Sequence[Backend]) -> None:
+        self.sampler = sampler
+        self.ring = ring
+        self.backends = backends
+
+    def collect(self) -> Iterator[Metric]:
+        s = self.sampler
+        build = GaugeMetricFamily(
+            "gpu_exporter_build_info",
+            "Build of the running agent; always 1.",
+            labels=["version", "python_version"],
+        )
+        build.add_metric([__version__, sys.version.split()[0]], 1)
+        yield build
+        yield GaugeMetricFamily(
+            "gpu_exporter_collect_duration_seconds",
+            "Seconds the last collect cycle spent reading the GPUs.",
+            value=s.last_duration,
+        )
+        yield CounterMetricFamily(
+            "gpu_exporter_collect_seconds", "Seconds spent reading the GPUs.", value=s.collect_seconds_total
+        )
+        yield CounterMetricFamily("gpu_exporter_collects", "Collect cycles run.", value=s.collects)
+        yield CounterMetricFamily(
+            "gpu_exporter_collect_overruns",
+            "Collect ticks skipped because a cycle took longer than the interval.",
+            value=s.overruns,
+        )
+        errors = CounterMetricFamily(
+            "gpu_exporter_collect_errors",
+            "Failed vendor-library calls, by backend and call.",
+            labels=["backend", "call"],
+        )
+        for backend in self.backends:
+            for call, count in sorted(backend.errors.items()):
+                errors.add_metric([backend.name, call], count)
+        if s.failures:
+            errors.add_metric(["sampler", "read"], s.failures)
+        yield errors
+        yield GaugeMetricFamily(
+            "gpu_exporter_last_collect_success_timestamp_seconds",
+            "Unix time of the last collect cycle in which every backend read.",
+            value=s.last_success,
+        )
+        healthy = GaugeMetricFamily(
+            "gpu_exporter_backend_healthy",
+            "1 while the backend has at least one answering device.",
+            labels=["backend"],
+        )
+        for backend in self.backends:
+            healthy.add_metric([backend.name], 1 if backend.healthy() else 0)
+        yield healthy
+        yield GaugeMetricFamily("gpu_exporter_ring_samples", "Samples held in the ring buffer.", value=len(self.ring))
+        yield GaugeMetricFamily(
+            "gpu_exporter_ring_capacity", "Samples the ring buffer can hold.", value=self.ring.capacity
+        )
+        yield CounterMetricFamily(
+            "gpu_exporter_ring_overwritten",
+            "Samples overwritten in the ring buffer because it was full.",
+            value=self.ring.overwritten,
+        )
+
+
+Section = Callable[[], str]
+
+
+class Exposition:
+    """Holds the current page; ``update`` is the sampler's listener."""
+
+    def __init__(self, registry: CollectorRegistry, view: View, sections: Sequence[Section] = ()) -> None:
+        self.registry = registry
+        self.view = view
+        self.sections = list(sections)
+        self._lock = threading.Lock()
+        self._plain = b""
+        self._gzip = gzip.compress(b"")
+        self.last_sample: Sample | None = None
+
+    def update(self, sample: Sample) -> None:
+        parts = [render(sample, self.view)]
+        for section in self.sections:
+            try:
+                parts.append(section())
+            except Exception:
+                log.exception("a metrics section failed to render")
+        parts.append(generate_latest(self.registry).decode("utf-8"))
+        plain = "".join(parts).encode("utf-8")
+        packed = gzip.compress(plain, compresslevel=6, mtime=0)
+        with self._lock:
+            self._plain, self._gzip, self.last_sample = plain, packed, sample
+
+    def page(self, accept_gzip: bool) -> bytes:
+        with self._lock:
+            return self._gzip if accept_gzip else self._plain
+
+
+ReadyCheck = Callable[[], tuple[bool, str]]
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: _Server
+    protocol_version = "HTTP/1.1"
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        srv = self.server
+        if path == srv.telemetry_path:
+            accept = "gzip" in (self.headers.get("Accept-Encoding") or "")
+            body = srv.exposition.page(accept)
+            headers = {"Content-Type": CONTENT_TYPE}
+            if accept:
+                headers["Content-Encoding"] = "gzip"
+            self._send(200, body, headers)
+        elif path == "/healthz":
+            self._send(200, b"ok\n")
+        elif path == "/readyz":
+            ready, why = srv.ready()
+            self._send(200 if ready else 503, (why + "\n").encode())
+        elif path == "/":
+            link = escape(srv.telemetry_path)
+            html = (
+                f"<html><head><title>gpu-exporter</title></head><body><h1>gpu-exporter {__version__}</h1>"
+                f'<p><a href="{link}">Metrics</a> <a href="/healthz">healthz</a> '
+                f'<a href="/readyz">readyz</a></p></body></html>\n'
+            )
+            self._send(200, html.encode(), {"Content-Type": "text/html; charset=utf-8"})
+        else:
+            self._send(404, b"not found\n")
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        for key, value in (headers or {"Content-Type": "text/plain; charset=utf-8"}).items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    do_HEAD = do_GET
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s %s", self.address_string(), format % args)
+
+
+class _Server(ThreadingHTTPServer):
+    daemon_threads = True
+    allow_reuse_address = True
+
+    def __init__(
+        self,
+        address: tuple[str, int],
+        family: socket.AddressFamily,
+        telemetry_path: str,
+        exposition: Exposition,
+        ready: ReadyCheck,
+    ) -> None:
+        self.address_family = family
+        self.telemetry_path = telemetry_path
+        self.exposition = exposition
+        self.ready = ready
+        super().__init__(address, _Handler)
+
+
+def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), int(port), family
+
+
+class MetricsServer:
+    """The HTTP endpoint on its own thread. Raises OSError (e.g. address in use) from ``start``."""
+
+    def __init__(self, address: str, telemetry_path: str, exposition: Exposition, ready: ReadyCheck) -> None:
+        host, port, family = parse_listen(address)
+        self._server = _Server((host, port), family, telemetry_path, exposition, ready)
+        self._thread: threading.Thread | None = None
+
+    @property
+    def port(self) -> int:
+        return int(self._server.server_address[1])
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()

@@ -1,0 +1,104 @@
+"""The polling thread: reads every backend on a fixed, drift-free schedule into the ring buffer.
+
+The schedule is kept on the monotonic clock (tick k is at start + k * interval), so a slow cycle does
+not shift later ones; ticks that a cycle overran entirely are skipped and counted rather than bunched.
+The sampler is the only caller of vendor libraries.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+from gpu_exporter.backends.base import Backend
+from gpu_exporter.model import DeviceSample, Sample
+from gpu_exporter.ring import RingBuffer
+
+__all__ = ["Sampler"]
+
+log = logging.getLogger(__name__)
+
+Listener = Callable[[Sample], None]
+
+
+class Sampler:
+    def __init__(
+        self,
+        backends: Sequence[Backend],
+        ring: RingBuffer,
+        interval: float,
+        listeners: Sequence[Listener] = (),
+        *,
+        monotonic: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
+    ) -> None:
+        if interval <= 0:
+            raise ValueError(f"interval must be positive, got {interval}")
+        self.backends = list(backends)
+        self.ring = ring
+        self.interval = interval
+        self.listeners = list(listeners)
+        self._monotonic = monotonic
+        self._wall = wall
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._seq = 0
+        # read by the self-metrics collector; plain attributes, written by one thread
+        self.collects = 0
+        self.collect_seconds_total = 0.0
+        self.last_duration = 0.0
+        self.last_success = 0.0
+        self.overruns = 0
+        self.failures = 0  # backend.read() raised (a bug): counted, the loop goes on
+
+    def collect_once(self) -> Sample:
+        started = self._monotonic()
+        timestamp = self._wall()
+        devices: list[DeviceSample] = []
+        ok = True
+        for backend in self.backends:
+            try:
+                devices.extend(backend.read())
+            except Exception:
+                ok = False
+                self.failures += 1
+                log.exception("reading the %s backend failed; its devices are missing from this sample", backend.name)
+        duration = self._monotonic() - started
+        self._seq += 1
+        sample = Sample(self._seq, timestamp, tuple(devices), duration)
+        self.ring.append(sample)
+        self.collects += 1
+        self.collect_seconds_total += duration
+        self.last_duration = duration
+        if ok:
+            self.last_success = timestamp
+        for listener in self.listeners:
+            try:
+                listener(sample)
+            except Exception:
+                log.exception("a sample listener failed")
+        return sample
+
+    def run(self) -> None:
+        next_tick = self._monotonic()
+        while not self._stop.is_set():
+            self.collect_once()
+            next_tick += self.interval
+            now = self._monotonic()
+            if now > next_tick:
+                missed = int((now - next_tick) // self.interval) + 1
+                self.overruns += missed
+                next_tick += missed * self.interval
+                log.debug("collect overran the interval; skipped %d tick(s)", missed)
+            self._stop.wait(max(0.0, next_tick - now))
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.run, name="sampler", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
