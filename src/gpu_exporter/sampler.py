@@ -33,6 +33,7 @@ class Sampler:
         *,
         monotonic: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
+        wait: Callable[[float], bool] | None = None,
     ) -> None:
         if interval <= 0:
             raise ValueError(f"interval must be positive, got {interval}")
@@ -43,6 +44,7 @@ class Sampler:
         self._monotonic = monotonic
         self._wall = wall
         self._stop = threading.Event()
+        self._wait = wait or self._stop.wait  # returns True once stopping
         self._thread: threading.Thread | None = None
         self._seq = 0
         # read by the self-metrics collector; plain attributes, written by one thread
@@ -92,7 +94,8 @@ class Sampler:
                 self.overruns += missed
                 next_tick += missed * self.interval
                 log.debug("collect overran the interval; skipped %d tick(s)", missed)
-            self._stop.wait(max(0.0, next_tick - now))
+            if self._wait(max(0.0, next_tick - now)):
+                break
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self.run, name="sampler", daemon=True)

@@ -124,10 +124,12 @@ class NvmlBackend:
         *,
         retry_initial: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
+        xid_wait_ms: int = 500,
     ) -> None:
         self._config = config
         self._nv: Any = nvml
         self._retry_initial = retry_initial
+        self._xid_wait_ms = xid_wait_ms  # how long one event wait blocks; bounds the time close() takes
         self._clock = clock
         self.errors: Counter[str] = Counter()
         self._unsupported: set[tuple[str, str]] = set()
@@ -559,7 +561,7 @@ class NvmlBackend:
         try:
             while not self._stop.is_set() and by_handle:
                 try:
-                    data = nv.nvmlEventSetWait_v2(event_set, 500)
+                    data = nv.nvmlEventSetWait_v2(event_set, self._xid_wait_ms)
                 except nv.NVMLError_Timeout:
                     continue
                 except nv.NVMLError as exc:

@@ -1,0 +1,140 @@
+"""Shared test helpers: free ports, promtool, and the exporter as a real subprocess."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "src"
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GPU_EXPORTER_")}
+    env["PYTHONPATH"] = str(SRC) + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(extra)
+    return env
+
+
+def exporter_cmd(*args: str) -> list[str]:
+    return [sys.executable, "-m", "gpu_exporter", *args]
+
+
+def http_get(
+    url: str, headers: dict[str, str] | None = None, timeout: float = 5.0
+) -> tuple[int, bytes, dict[str, str]]:
+    request = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as response:
+            return response.status, response.read(), dict(response.headers)
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read(), dict(exc.headers)
+
+
+def wait_for(predicate, timeout: float = 15.0, step: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(step)
+    return False
+
+
+class Exporter:
+    """The exporter CLI as a child process, stopped by PID."""
+
+    def __init__(self, *args: str, env: dict[str, str] | None = None, port: int | None = None) -> None:
+        self.port = port or free_port()
+        self.args = ["--web.listen-address", f"127.0.0.1:{self.port}", *args]
+        self.env = env or child_env()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    def start(self) -> Exporter:
+        self.proc = subprocess.Popen(
+            exporter_cmd(*self.args), env=self.env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
+        )
+        url = f"http://127.0.0.1:{self.port}/readyz"
+        if not wait_for(lambda: self._ready(url), timeout=20):
+            self.stop()
+            raise AssertionError(f"exporter did not become ready: {self.output()}")
+        return self
+
+    def _ready(self, url: str) -> bool:
+        if self.proc is not None and self.proc.poll() is not None:
+            raise AssertionError(f"exporter exited early: {self.output()}")
+        try:
+            return http_get(url, timeout=1)[0] == 200
+        except OSError:
+            return False
+
+    def scrape(self, path: str = "/metrics") -> str:
+        status, body, _ = http_get(f"http://127.0.0.1:{self.port}{path}")
+        assert status == 200, body
+        return body.decode()
+
+    def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+        assert self.proc is not None
+        if self.proc.poll() is None:
+            self.proc.send_signal(sig)
+            try:
+                self.proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(5)
+        return int(self.proc.returncode)
+
+    def output(self) -> str:
+        if self.proc is None or self.proc.stdout is None:
+            return ""
+        if self.proc.poll() is None:
+            return "(still running)"
+        return self.proc.stdout.read().decode(errors="replace")
+
+
+@pytest.fixture
+def exporter() -> Iterator[type[Exporter]]:
+    started: list[Exporter] = []
+
+    class Tracked(Exporter):
+        def start(self) -> Exporter:
+            started.append(self)
+            return super().start()
+
+    yield Tracked
+    for proc in started:
+        if proc.proc is not None and proc.proc.poll() is None:
+            proc.stop(signal.SIGKILL)
+
+
+def promtool_path() -> str | None:
+    found = shutil.which("promtool")
+    if found is None and os.environ.get("CI"):
+        pytest.fail("promtool is required in CI (Debian package prometheus)")
+    return found
+
+
+def promtool_check(text: str) -> None:
+    """Fails the test if promtool finds a problem with the exposition text."""
+    tool = promtool_path()
+    if tool is None:
+        pytest.skip("promtool not installed (Debian package prometheus)")
+    result = subprocess.run([tool, "check", "metrics"], input=text.encode(), capture_output=True, timeout=60)
+    problems = (result.stdout + result.stderr).decode()
+    assert result.returncode == 0 and not problems.strip(), problems
