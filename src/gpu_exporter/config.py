@@ -15,6 +15,7 @@ import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
+from urllib.parse import urlsplit
 
 import yaml
 
@@ -51,6 +52,24 @@ class Config:
     path_sysfs: str = "/sys"
     path_procfs: str = "/proc"
     # --- forwarding options (store-and-forward) go below this line ---
+    mqtt_url: str = ""  # empty: forwarding off
+    mqtt_protocol: str = "5"
+    mqtt_topic_prefix: str = "gpu-exporter"
+    mqtt_client_id: str = ""  # empty: gpu-exporter-<node>
+    mqtt_username: str = ""
+    mqtt_password_file: str = ""
+    mqtt_tls_ca_file: str = ""
+    mqtt_tls_cert_file: str = ""
+    mqtt_tls_key_file: str = ""
+    mqtt_keepalive: float = 30.0
+    mqtt_reconnect_max_delay: float = 30.0
+    mqtt_batch_interval: float = 30.0
+    mqtt_batch_max_bytes: int = 256 * 1024
+    mqtt_batch_max_samples: int = 720
+    spool_dir: str = "/var/lib/gpu-exporter/spool"
+    spool_max_bytes: int = 256 * 1024 * 1024
+    spool_max_age: float = 72 * 3600.0
+    spool_replay_rate: float = 10.0
 
     # --- bridge options go below this line ---
 
@@ -150,6 +169,68 @@ def _path(text: str) -> str:
     return value
 
 
+# --- forwarding parsers ---
+def _mqtt_url(text: str) -> str:
+    value = str(text).strip()
+    if not value:
+        return ""
+    try:
+        url = urlsplit(value)
+        port = url.port
+    except ValueError as exc:
+        raise ValueError(f"invalid MQTT URL {text!r}: {exc}") from None
+    if url.scheme not in ("mqtt", "mqtts"):
+        raise ValueError(f"invalid MQTT URL {text!r} (use mqtt://HOST[:PORT] or mqtts://HOST[:PORT])")
+    if not url.hostname:
+        raise ValueError(f"invalid MQTT URL {text!r}: no host")
+    if url.username is not None or url.password is not None:
+        raise ValueError(
+            "put the MQTT user in --mqtt.username and the password in --mqtt.password-file, not in the URL"
+        )
+    if url.path not in ("", "/") or url.query or url.fragment:
+        raise ValueError(f"invalid MQTT URL {text!r}: no path or query expected")
+    if port == 0:
+        raise ValueError(f"invalid MQTT URL {text!r}: port 0")
+    return value
+
+
+def _topic_prefix(text: str) -> str:
+    value = str(text)
+    if not value or value.startswith("/") or value.endswith("/") or any(c in value for c in "+#\0"):
+        raise ValueError(f"invalid topic prefix {text!r} (no wildcards, no leading or trailing /)")
+    return value
+
+
+def _seconds_between(low: float, high: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        seconds = parse_duration(text)
+        if not low <= seconds <= high:
+            raise ValueError(f"{text!r} is out of range ({low:g}s to {high:g}s)")
+        return seconds
+
+    return parse
+
+
+def _size_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        size = parse_size(text)
+        if not low <= size <= high:
+            raise ValueError(f"{text!r} is out of range ({low} to {high} bytes)")
+        return size
+
+    return parse
+
+
+def _rate(text: str) -> float:
+    try:
+        value = float(str(text))
+    except ValueError:
+        raise ValueError(f"invalid rate {text!r} (a number per second)") from None
+    if not 0.01 <= value <= 100000:
+        raise ValueError(f"rate {text!r} is out of range (0.01 to 100000 per second)")
+    return value
+
+
 @dataclass(frozen=True)
 class Option:
     name: str  # the flag without dashes, also the YAML key
@@ -213,6 +294,38 @@ OPTIONS: tuple[Option, ...] = (
     Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
     Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
     # --- forwarding options (store-and-forward) go below this line ---
+    Option("mqtt.url", "mqtt_url", _mqtt_url,
+           "MQTT broker to forward batches to, mqtt://HOST[:PORT] or mqtts://HOST[:PORT]; off when empty",
+           "URL"),
+    Option("mqtt.protocol", "mqtt_protocol", _choice("5", "3.1.1"),
+           "MQTT protocol version (3.1.1 for old edge brokers)", "VERSION"),
+    Option("mqtt.topic-prefix", "mqtt_topic_prefix", _topic_prefix,
+           "topic prefix: batches go to PREFIX/NODE/batch, status to PREFIX/NODE/status", "PREFIX"),
+    Option("mqtt.client-id", "mqtt_client_id", str, "MQTT client id (default: gpu-exporter-NODE)", "ID"),
+    Option("mqtt.username", "mqtt_username", str, "MQTT user name", "USER"),
+    Option("mqtt.password-file", "mqtt_password_file", str,
+           "file holding the MQTT password (first line)", "FILE"),
+    Option("mqtt.tls.ca-file", "mqtt_tls_ca_file", str,
+           "CA bundle to verify the broker (mqtts://; default: the system store)", "FILE"),
+    Option("mqtt.tls.cert-file", "mqtt_tls_cert_file", str, "client certificate for mutual TLS", "FILE"),
+    Option("mqtt.tls.key-file", "mqtt_tls_key_file", str, "client key for mutual TLS", "FILE"),
+    Option("mqtt.keepalive", "mqtt_keepalive", _seconds_between(5, 3600), "MQTT keepalive", "DURATION"),
+    Option("mqtt.reconnect-max-delay", "mqtt_reconnect_max_delay", _seconds_between(0.1, 3600),
+           "longest wait between reconnect attempts (backoff doubles up to it, with jitter)", "DURATION"),
+    Option("mqtt.batch-interval", "mqtt_batch_interval", _seconds_between(0.05, 86400),
+           "close a batch after this long (it grows while the broker is unreachable)", "DURATION"),
+    Option("mqtt.batch-max-bytes", "mqtt_batch_max_bytes", _size_between(1024, 64 * 1024 * 1024),
+           "close a batch when its payload would exceed this size", "SIZE"),
+    Option("mqtt.batch-max-samples", "mqtt_batch_max_samples", _positive_int,
+           "close a batch after this many samples", "N"),
+    Option("spool.dir", "spool_dir", str,
+           "directory of the on-disk spool (batches wait here until the broker acknowledges them)", "DIR"),
+    Option("spool.max-bytes", "spool_max_bytes", _size_between(64 * 1024, 1 << 50),
+           "spool size cap; past it the oldest batches are dropped and counted", "SIZE"),
+    Option("spool.max-age", "spool_max_age", _seconds_between(1, 10 * 365 * 86400),
+           "batches older than this are dropped from the spool and counted", "DURATION"),
+    Option("spool.replay-rate", "spool_replay_rate", _rate,
+           "backlog batches sent per second after an outage (fresh batches go first)", "PER_SECOND"),
     # --- bridge options go below this line ---
     # --- kubernetes options go below this line ---
     Option("metrics.naming", "metrics_naming", _choice("native", "dcgm"),
@@ -369,6 +482,32 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
 def _check(config: Config) -> None:
     if config.fake_mig > 7:
         raise ConfigError(f"--fake.mig={config.fake_mig}: a GPU holds at most 7 MIG instances")
+    _check_forwarding(config)
+
+
+def _check_forwarding(config: Config) -> None:
+    """Files the forwarder needs must be readable at start, so that a typo fails fast (exit 2)."""
+    if not config.mqtt_url:
+        return
+    files = {
+        "mqtt.password-file": config.mqtt_password_file,
+        "mqtt.tls.ca-file": config.mqtt_tls_ca_file,
+        "mqtt.tls.cert-file": config.mqtt_tls_cert_file,
+        "mqtt.tls.key-file": config.mqtt_tls_key_file,
+    }
+    for flag, path in files.items():
+        if path:
+            try:
+                with open(path, "rb") as handle:
+                    handle.read(1)
+            except OSError as exc:
+                raise ConfigError(f"--{flag}={path}: cannot read: {exc.strerror}") from None
+    if config.mqtt_tls_key_file and not config.mqtt_tls_cert_file:
+        raise ConfigError("--mqtt.tls.key-file needs --mqtt.tls.cert-file")
+    if (config.mqtt_tls_ca_file or config.mqtt_tls_cert_file) and not config.mqtt_url.startswith("mqtts://"):
+        raise ConfigError("TLS files are set but --mqtt.url is not mqtts://")
+    if config.mqtt_password_file and not config.mqtt_username:
+        raise ConfigError("--mqtt.password-file needs --mqtt.username")
 
 
 def replace(config: Config, **changes: Any) -> Config:

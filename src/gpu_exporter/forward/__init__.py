@@ -1,0 +1,1 @@
+"""Store-and-forward: batches of samples, a disk spool, and an MQTT publisher (see docs/payload.md)."""

@@ -1,0 +1,540 @@
+"""Payload v1: the bytes a batch of samples travels as, and back.
+
+One module holds both directions so that they cannot drift apart. The document is JSON, sent gzip-
+compressed (or plain, for debugging); a reader tells them apart by the first bytes (``1f 8b`` or ``{``).
+It is columnar: each device's labels, and each metric's key, appear once per batch, and the values of a
+series over the batch's samples form one column. Columns of decimal numbers (integer percent, milliwatts,
+MHz, bytes...) are stored as scaled integer deltas, which gzip shrinks to a byte or two per value. The
+full description is docs/payload.md; the JSON Schema is ``payload.schema.json`` next to this file.
+
+``decode`` trusts nothing: anything malformed raises :class:`PayloadError` (one line a log can carry),
+never another exception, and the size of the input and of the inflated document is bounded.
+"""
+
+from __future__ import annotations
+
+import gzip
+import itertools
+import json
+import math
+import re
+import zlib
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, NamedTuple
+
+from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
+
+__all__ = [
+    "DEFAULT_MAX_BYTES",
+    "FORMAT",
+    "VERSION",
+    "Batch",
+    "PayloadError",
+    "Point",
+    "decode",
+    "encode",
+    "schema",
+]
+
+FORMAT = "gpu-exporter.batch"
+VERSION = 1
+DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # compressed input and inflated JSON, each
+MAX_SCALE = 9  # decimal places a delta column may carry
+_SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
+_GZIP_MAGIC = b"\x1f\x8b"
+_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+_MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
+_ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
+_SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
+
+
+class PayloadError(ValueError):
+    """A payload that is not a valid v1 batch; the message is one line."""
+
+
+@dataclass(frozen=True, slots=True)
+class Batch:
+    """Consecutive samples of one agent boot, as forwarded together.
+
+    Sequence numbers increase strictly but may have gaps (samples the ring overwrote before they were
+    forwarded). Decoded samples carry ``up``, ``values`` and ``info`` of each device; ``processes`` and
+    ``duration`` do not travel, and timestamps are whole milliseconds.
+    """
+
+    node: str
+    boot: str
+    samples: tuple[Sample, ...]
+
+    @property
+    def first_seq(self) -> int:
+        return self.samples[0].seq
+
+    @property
+    def last_seq(self) -> int:
+        return self.samples[-1].seq
+
+    def points(self) -> Iterator[Point]:
+        """Every value of the batch, sample by sample (what a remote-write sender needs)."""
+        for sample in self.samples:
+            ts_ms = round(sample.timestamp * 1000)
+            for dev in sample.devices:
+                for (key, labels), value in dev.values.items():
+                    yield Point(dev.device, key, labels, ts_ms, value, sample.seq)
+
+    def device_states(self) -> Iterator[tuple[DeviceId, int, bool, int]]:
+        """(device, timestamp in ms, up, seq) for every device in every sample."""
+        for sample in self.samples:
+            ts_ms = round(sample.timestamp * 1000)
+            for dev in sample.devices:
+                yield dev.device, ts_ms, dev.up, sample.seq
+
+
+class Point(NamedTuple):
+    """One value: ``device.labels()`` gives the identity labels, ``key`` the catalog entry
+    (``gpu_exporter.catalog.by_key``), ``labels`` the values of that entry's dynamic labels in order."""
+
+    device: DeviceId
+    key: str
+    labels: tuple[str, ...]
+    timestamp_ms: int
+    value: float
+    seq: int
+
+
+# ---------------------------------------------------------------------------------------------- encode
+
+
+def encode(batch: Batch, compress: bool = True, level: int = 6) -> bytes:
+    """The payload of ``batch``: gzip-compressed JSON, or plain JSON with ``compress=False``.
+
+    Raises ValueError when the batch itself is unfit (no samples, sequence not increasing, bad names).
+    """
+    doc = to_document(batch)
+    text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
+    if not compress:
+        return text
+    return gzip.compress(text, compresslevel=level, mtime=0)
+
+
+def to_document(batch: Batch) -> dict[str, Any]:
+    """The JSON document of ``batch`` (before serialisation), for tests and tools."""
+    samples = batch.samples
+    if not samples:
+        raise ValueError("a batch needs at least one sample")
+    _check_text("node", batch.node)
+    _check_text("boot", batch.boot)
+    for prev, cur in itertools.pairwise(samples):
+        if cur.seq <= prev.seq:
+            raise ValueError(f"sequence must increase within a batch: {cur.seq} after {prev.seq}")
+    if samples[0].seq < 1:
+        raise ValueError(f"sequence numbers start at 1, got {samples[0].seq}")
+
+    n = len(samples)
+    metric_index: dict[SeriesKey, int] = {}
+    devices: dict[DeviceId, dict[str, Any]] = {}
+    columns: dict[DeviceId, dict[int, list[float | None]]] = {}
+    for i, sample in enumerate(samples):
+        for dev in sample.devices:
+            entry = devices.get(dev.device)
+            if entry is None:
+                entry = {"id": _device_fields(dev.device), "up": [None] * n}
+                devices[dev.device] = entry
+                columns[dev.device] = {}
+            elif entry["up"][i] is not None:
+                raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
+            entry["up"][i] = 1 if dev.up else 0
+            if dev.info:
+                entry["info"] = dev.info  # the newest identity strings win
+            cols = columns[dev.device]
+            for series, value in dev.values.items():
+                idx = metric_index.get(series)
+                if idx is None:
+                    key, labels = series
+                    if not isinstance(key, str) or not _KEY.match(key):
+                        raise ValueError(f"invalid metric key {key!r}")
+                    for label in labels:
+                        _check_text("label value", label)
+                    idx = metric_index[series] = len(metric_index)
+                col = cols.get(idx)
+                if col is None:
+                    col = cols[idx] = [None] * n
+                col[i] = float(value)
+
+    out_devices = []
+    for device_id, entry in devices.items():
+        cols = columns[device_id]
+        entry["columns"] = [_encode_column(cols[j]) if j in cols else None for j in range(len(metric_index))]
+        if "info" in entry:
+            entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
+            for k, v in entry["info"].items():
+                _check_text("info key", k)
+                _check_text("info value", v, allow_empty=True)
+        out_devices.append(entry)
+
+    return {
+        "format": FORMAT,
+        "version": VERSION,
+        "node": batch.node,
+        "boot": batch.boot,
+        "first_seq": samples[0].seq,
+        "last_seq": samples[-1].seq,
+        "seq": _deltas([s.seq for s in samples]),
+        "time_ms": _deltas([round(s.timestamp * 1000) for s in samples]),
+        "metrics": [[key, list(labels)] for key, labels in metric_index],
+        "devices": out_devices,
+    }
+
+
+def _check_text(what: str, value: object, allow_empty: bool = False) -> None:
+    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > _MAX_TEXT:
+        raise ValueError(f"invalid {what} {value!r}")
+
+
+def _device_fields(device: DeviceId) -> dict[str, str]:
+    fields = {name: getattr(device, name) for name in _ID_FIELDS}
+    for name, value in fields.items():
+        _check_text(f"device {name}", value, allow_empty=name not in ("gpu", "uuid"))
+    return {k: v for k, v in fields.items() if v or k in ("gpu", "uuid")}
+
+
+def _deltas(values: Sequence[int]) -> list[int]:
+    return [values[0]] + [b - a for a, b in itertools.pairwise(values)]
+
+
+def _scale_of(value: float) -> int | None:
+    """Fewest decimal places that hold ``value`` exactly (as decode computes it), or None."""
+    if value.is_integer():
+        if abs(value) < _SAFE_INT and (value != 0 or math.copysign(1.0, value) > 0):
+            return 0
+        return None
+    if not math.isfinite(value):
+        return None
+    for k in range(1, MAX_SCALE + 1):
+        p = 10**k
+        scaled = value * p
+        if abs(scaled) >= _SAFE_INT:
+            return None
+        if round(scaled) / p == value:
+            return k
+    return None
+
+
+def _encode_column(col: list[float | None]) -> dict[str, Any]:
+    scale = 0
+    for v in col:
+        if v is None:
+            continue
+        k = _scale_of(v)
+        if k is None:
+            return {"values": [_raw(v) for v in col]}
+        scale = max(scale, k)
+    p = 10**scale
+    out: list[int | None] = []
+    last = 0
+    for v in col:
+        if v is None:
+            out.append(None)
+            continue
+        n = round(v * p)
+        if abs(n) >= _SAFE_INT or n / p != v:  # pragma: no cover - _scale_of already proved this
+            return {"values": [_raw(v) for v in col]}
+        out.append(n - last)
+        last = n
+    return {"scale": scale, "delta": out} if scale else {"delta": out}
+
+
+def _raw(v: float | None) -> float | str | None:
+    if v is None or math.isfinite(v):
+        return v
+    if math.isnan(v):
+        return "NaN"
+    return "+Inf" if v > 0 else "-Inf"
+
+
+# ---------------------------------------------------------------------------------------------- decode
+
+
+def decode(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
+    """The batch in ``data`` (gzip or plain JSON). Raises PayloadError, and only that, when invalid."""
+    try:
+        return _decode(data, max_bytes)
+    except PayloadError:
+        raise
+    except Exception as exc:  # defensive: a malformed payload must never escape as anything else
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:200]
+
+
+def _decode(data: bytes, max_bytes: int) -> Batch:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    if data[:2] == _GZIP_MAGIC:
+        text = _gunzip(data, max_bytes)
+    elif data.lstrip(b" \t\r\n")[:1] == b"{":
+        text = data
+    elif not data:
+        raise PayloadError("empty payload")
+    else:
+        raise PayloadError(f"not a batch payload: starts with {data[:8]!r} (expected gzip or '{{')")
+    try:
+        doc = json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        raise PayloadError(
+            f"payload is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
+        ) from None
+    except RecursionError:
+        raise PayloadError("payload JSON is nested too deeply") from None
+    return from_document(doc)
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    try:
+        text = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise PayloadError(f"corrupt gzip payload: {exc}") from None
+    if len(text) > max_bytes:
+        raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
+    if not inflater.eof:
+        raise PayloadError("truncated gzip payload")
+    if inflater.unused_data:
+        raise PayloadError("trailing bytes after the gzip payload")
+    return text
+
+
+def _reject_constant(name: str) -> Any:
+    raise PayloadError(f'payload uses the non-JSON number {name} (write "NaN", "+Inf" or "-Inf")')
+
+
+_TOP_KEYS = frozenset(
+    ("format", "version", "node", "boot", "first_seq", "last_seq", "seq", "time_ms", "metrics", "devices")
+)
+_DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
+
+
+def from_document(doc: Any) -> Batch:
+    """Validate a parsed JSON document and build the batch (PayloadError when invalid)."""
+    if not isinstance(doc, dict):
+        raise PayloadError(f"payload must be a JSON object, not {_jtype(doc)}")
+    if doc.get("format") != FORMAT:
+        raise PayloadError(f"payload format is {doc.get('format')!r}, expected {FORMAT!r}")
+    version = doc.get("version")
+    if version != VERSION or isinstance(version, bool):
+        raise PayloadError(f"unsupported payload version {version!r} (this reader knows {VERSION})")
+    _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
+    node = _text("node", doc["node"])
+    boot = _text("boot", doc["boot"])
+
+    seqs = _undelta("seq", doc["seq"])
+    n = len(seqs)
+    if n == 0:
+        raise PayloadError("seq: a batch needs at least one sample")
+    if seqs[0] < 1 or any(b <= a for a, b in itertools.pairwise(seqs)):
+        raise PayloadError("seq: sequence numbers must start at 1 or above and increase")
+    if _int("first_seq", doc["first_seq"]) != seqs[0] or _int("last_seq", doc["last_seq"]) != seqs[-1]:
+        raise PayloadError(
+            f"first_seq/last_seq {doc['first_seq']}/{doc['last_seq']} disagree with seq {seqs[0]}..{seqs[-1]}"
+        )
+    times = _undelta("time_ms", doc["time_ms"])
+    if len(times) != n:
+        raise PayloadError(f"time_ms has {len(times)} entries for {n} samples")
+
+    metrics = _metrics(doc["metrics"])
+    raw_devices = doc["devices"]
+    if not isinstance(raw_devices, list):
+        raise PayloadError(f"devices must be an array, not {_jtype(raw_devices)}")
+
+    per_sample: list[list[DeviceSample]] = [[] for _ in range(n)]
+    seen: set[DeviceId] = set()
+    for d, raw in enumerate(raw_devices):
+        where = f"devices[{d}]"
+        if not isinstance(raw, dict):
+            raise PayloadError(f"{where} must be an object, not {_jtype(raw)}")
+        _keys(where, raw, _DEVICE_KEYS, {"id", "up", "columns"})
+        device = _device_id(where, raw["id"])
+        if device in seen:
+            raise PayloadError(f"{where}: device {device.uuid} is listed twice")
+        seen.add(device)
+        info = _info(where, raw.get("info", {}))
+        up = raw["up"]
+        if not isinstance(up, list) or len(up) != n:
+            raise PayloadError(f"{where}.up must be an array of {n} entries")
+        for v in up:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
+                raise PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
+        cols = raw["columns"]
+        if not isinstance(cols, list) or len(cols) != len(metrics):
+            raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries (one per metric)")
+        decoded = [None if c is None else _column(f"{where}.columns[{j}]", c, n) for j, c in enumerate(cols)]
+        for i in range(n):
+            values: dict[SeriesKey, float] = {}
+            for j, col in enumerate(decoded):
+                if col is not None and col[i] is not None:
+                    values[metrics[j]] = col[i]  # type: ignore[assignment]
+            if up[i] is None:
+                if values:
+                    raise PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
+                continue
+            per_sample[i].append(DeviceSample(device, bool(up[i]), values, dict(info)))
+
+    samples = tuple(
+        Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n)
+    )
+    return Batch(node=node, boot=boot, samples=samples)
+
+
+def _jtype(value: Any) -> str:
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "a boolean"
+    if isinstance(value, int | float):
+        return "a number"
+    if isinstance(value, str):
+        return "a string"
+    if isinstance(value, list):
+        return "an array"
+    return "an object"
+
+
+def _keys(
+    where: str, obj: dict[str, Any], allowed: frozenset[str], required: set[str] | frozenset[str]
+) -> None:
+    missing = sorted(required - obj.keys())
+    if missing:
+        raise PayloadError(f"{where} lacks {', '.join(missing)}")
+    extra = sorted(str(k) for k in obj.keys() - allowed)
+    if extra:
+        raise PayloadError(f"{where} has unknown field {extra[0]!r}")
+
+
+def _text(where: str, value: Any, allow_empty: bool = False) -> str:
+    if not isinstance(value, str):
+        raise PayloadError(f"{where} must be a string, not {_jtype(value)}")
+    if (not value and not allow_empty) or len(value) > _MAX_TEXT:
+        raise PayloadError(f"{where} must be 1 to {_MAX_TEXT} characters")
+    return value
+
+
+def _int(where: str, value: Any) -> int:
+    if not isinstance(value, int) or isinstance(value, bool):
+        raise PayloadError(f"{where} must be an integer, not {_jtype(value)}")
+    if abs(value) >= _SAFE_INT:
+        raise PayloadError(f"{where} is out of range")
+    return value
+
+
+def _undelta(where: str, value: Any) -> list[int]:
+    if not isinstance(value, list):
+        raise PayloadError(f"{where} must be an array, not {_jtype(value)}")
+    out: list[int] = []
+    total = 0
+    for v in value:
+        total += _int(where, v)
+        if abs(total) >= _SAFE_INT:
+            raise PayloadError(f"{where} runs out of range")
+        out.append(total)
+    return out
+
+
+def _metrics(value: Any) -> list[SeriesKey]:
+    if not isinstance(value, list):
+        raise PayloadError(f"metrics must be an array, not {_jtype(value)}")
+    out: list[SeriesKey] = []
+    for j, item in enumerate(value):
+        where = f"metrics[{j}]"
+        if not isinstance(item, list) or len(item) != 2:
+            raise PayloadError(f"{where} must be [key, [label values]]")
+        key, labels = item
+        if not isinstance(key, str) or not _KEY.match(key) or len(key) > 128:
+            raise PayloadError(f"{where}: invalid metric key {key!r}")
+        if not isinstance(labels, list):
+            raise PayloadError(f"{where}: label values must be an array")
+        out.append((key, tuple(_text(f"{where} label value", v) for v in labels)))
+    if len(set(out)) != len(out):
+        raise PayloadError("metrics lists a series twice")
+    return out
+
+
+def _device_id(where: str, value: Any) -> DeviceId:
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where}.id must be an object, not {_jtype(value)}")
+    _keys(f"{where}.id", value, frozenset(_ID_FIELDS), {"gpu", "uuid"})
+    fields = {
+        name: _text(f"{where}.id.{name}", value[name], allow_empty=name not in ("gpu", "uuid"))
+        for name in _ID_FIELDS
+        if name in value
+    }
+    return DeviceId(**fields)
+
+
+def _info(where: str, value: Any) -> dict[str, str]:
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where}.info must be an object, not {_jtype(value)}")
+    for k, v in value.items():
+        _text(f"{where}.info key", k)
+        _text(f"{where}.info[{k!r}]", v, allow_empty=True)
+    return value
+
+
+def _column(where: str, value: Any, n: int) -> list[float | None]:
+    if not isinstance(value, dict):
+        raise PayloadError(f"{where} must be an object or null, not {_jtype(value)}")
+    if "values" in value:
+        _keys(where, value, frozenset(("values",)), {"values"})
+        raw = value["values"]
+        if not isinstance(raw, list) or len(raw) != n:
+            raise PayloadError(f"{where}.values must be an array of {n} entries")
+        return [_raw_value(where, v) for v in raw]
+    _keys(where, value, frozenset(("delta", "scale")), {"delta"})
+    scale = _int(f"{where}.scale", value.get("scale", 0))
+    if not 0 <= scale <= MAX_SCALE:
+        raise PayloadError(f"{where}.scale must be 0 to {MAX_SCALE}, got {scale}")
+    deltas = value["delta"]
+    if not isinstance(deltas, list) or len(deltas) != n:
+        raise PayloadError(f"{where}.delta must be an array of {n} entries")
+    p = 10**scale
+    out: list[float | None] = []
+    total = 0
+    for v in deltas:
+        if v is None:
+            out.append(None)
+            continue
+        total += _int(f"{where}.delta", v)
+        if abs(total) >= _SAFE_INT:
+            raise PayloadError(f"{where}.delta runs out of range")
+        out.append(total / p)
+    return out
+
+
+def _raw_value(where: str, v: Any) -> float | None:
+    if v is None:
+        return None
+    if isinstance(v, str):
+        if v in _SPECIAL:
+            return _SPECIAL[v]
+        raise PayloadError(f'{where}: invalid value {v[:20]!r} (numbers, null, "NaN", "+Inf", "-Inf")')
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise PayloadError(f"{where}: invalid value of type {_jtype(v)}")
+    f = float(v)
+    if not math.isfinite(f):
+        raise PayloadError(f"{where}: number out of range")
+    return f
+
+
+def schema() -> dict[str, Any]:
+    """The JSON Schema of the v1 document (payload.schema.json, shipped with the package)."""
+    from importlib import resources
+
+    text = resources.files("gpu_exporter.forward").joinpath("payload.schema.json").read_text("utf-8")
+    result: dict[str, Any] = json.loads(text)
+    return result

@@ -1,0 +1,383 @@
+"""The forwarder: follows the ring buffer, batches, spools, publishes, deletes on PUBACK.
+
+Everything runs on one thread (paho's network loop included), so the spool and the in-flight table
+need no lock. Per loop turn: take new samples from the ring (journaling each), close the open batch when
+it is due, connect when a retry is due, publish while the in-flight window has room, read PUBACKs.
+
+Order after an outage: on reconnect the open batch is closed at once and sent first (dashboards are
+current immediately); the backlog then drains oldest first at ``--spool.replay-rate`` batches per
+second behind the fresh batches, which always go ahead of it. While the broker is unreachable each
+closed batch doubles the next one's time span (up to 16x ``--mqtt.batch-interval``), so a long outage
+leaves fewer, larger batches.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+import uuid
+from collections import deque
+from collections.abc import Callable
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpu_exporter.config import Config
+from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
+from gpu_exporter.forward.mqtt import Link, LinkSettings
+from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.model import Sample
+from gpu_exporter.ring import RingBuffer
+
+__all__ = ["Forwarder"]
+
+log = logging.getLogger("gpu_exporter.forward")
+
+MAX_GROWTH = 16  # batch span multiplier reached during a long outage
+WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same)
+_HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
+_TURN = 0.1  # longest wait of one loop turn
+
+
+class _Metrics:
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "gpu_exporter_forward_"
+        r = registry
+        self.connected = Gauge(p + "connected", "1 while connected to the MQTT broker.", registry=r)
+        self.batches = Counter(p + "published_batches", "Batches acknowledged by the broker.", registry=r)
+        self.samples = Counter(p + "published_samples", "Samples in acknowledged batches.", registry=r)
+        self.bytes = Counter(p + "published_bytes", "Payload bytes of acknowledged batches.", registry=r)
+        self.publish_errors = Counter(
+            p + "publish_errors",
+            "Batches the client or broker refused, or whose connection dropped before the PUBACK.",
+            registry=r,
+        )
+        self.connect_errors = Counter(
+            p + "connect_errors", "Failed or lost broker connections, by kind.", ["kind"], registry=r
+        )
+        self.spool_batches = Gauge(p + "spool_batches", "Batches waiting in the spool.", registry=r)
+        self.spool_bytes = Gauge(p + "spool_bytes", "Payload bytes waiting in the spool.", registry=r)
+        self.spool_oldest = Gauge(
+            p + "spool_oldest_age_seconds", "Age of the oldest batch in the spool.", registry=r
+        )
+        self.spool_errors = Counter(
+            p + "spool_write_errors",
+            "Spool writes the disk refused (full, read-only, I/O error).",
+            registry=r,
+        )
+        self.dropped_batches = Counter(
+            p + "dropped_batches",
+            "Batches dropped before the broker acknowledged them, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.dropped_samples = Counter(
+            p + "dropped_samples", "Samples in dropped batches, by reason.", ["reason"], registry=r
+        )
+        self.missed = Counter(
+            p + "missed_samples",
+            "Samples overwritten in the ring before the forwarder read them.",
+            registry=r,
+        )
+        self.backlog = Gauge(
+            p + "replay_backlog_batches",
+            "Spooled batches waiting to be replayed after an outage.",
+            registry=r,
+        )
+        for reason in ("max_bytes", "max_age", "corrupt", "disk_full"):
+            self.dropped_batches.labels(reason)
+            self.dropped_samples.labels(reason)
+        for kind in ("unreachable", "refused", "auth", "tls", "lost"):
+            self.connect_errors.labels(kind)
+
+
+class _OpenBatch:
+    def __init__(self, now: float) -> None:
+        self.samples: list[Sample] = []
+        self.journal: list[str] = []
+        self.opened = now
+        self.device_samples = 0
+
+
+class Forwarder:
+    """Store-and-forward of the ring's samples to ``<prefix>/<node>/batch`` (see module doc)."""
+
+    def __init__(
+        self,
+        config: Config,
+        ring: RingBuffer,
+        registry: CollectorRegistry,
+        *,
+        boot: str | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self.config = config
+        self.ring = ring
+        self.node = config.node_name
+        self.boot = boot or uuid.uuid4().hex
+        self.topic = f"{config.mqtt_topic_prefix}/{self.node}/batch"
+        self.status_topic = f"{config.mqtt_topic_prefix}/{self.node}/status"
+        self.metrics = _Metrics(registry)
+        self._clock = clock
+        self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
+        settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
+        self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._last_seq = 0
+        self._open = _OpenBatch(clock())
+        self._growth = 1
+        self._bytes_per_device_sample = 64.0  # running estimate of the payload size
+        self._inflight: dict[int, Entry] = {}
+        self._live: deque[Entry] = deque()  # fresh batches, sent before the backlog
+        self._tokens = 1.0
+        self._tokens_at = clock()
+        self._housekept = 0.0
+        self._drop_logged: dict[str, float] = {}
+        self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
+
+    # ------------------------------------------------------------------------------------- lifecycle
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._run, name="forwarder", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        """Close the open batch into the spool, give in-flight batches a moment, say offline, disconnect."""
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._recover(self.spool.open())
+        except Exception:  # never let the agent lose its exporter because of the spool
+            log.exception("spool recovery failed; continuing with what could be read")
+        self.ready.set()
+        try:
+            while not self._stop.is_set():
+                self._turn()
+        except Exception:
+            log.exception("forwarder stopped by an unexpected error; samples are no longer forwarded")
+            raise
+        finally:
+            self._shutdown()
+
+    def _turn(self) -> None:
+        self._take()
+        now = self._clock()
+        if self._due(now):
+            self._close_batch()
+        if now - self._housekept >= _HOUSEKEEPING:
+            self._housekeeping(now)
+        self.link.step(timeout=0.0 if self._sendable() else _TURN)
+        if self.link.up:
+            self._send()
+        if self.link.state == "down":
+            wait = min(_TURN, self.link.wait_hint() or _TURN, self._until_due())
+            self.ring.wait_after(self._last_seq, max(0.0, wait))
+
+    def _shutdown(self) -> None:
+        try:
+            if self._open.samples:
+                self._close_batch()
+            deadline = self._clock() + 2.0
+            while self.link.up and self._inflight and self._clock() < deadline:
+                self.link.step(timeout=0.05)
+            self.link.close(status=b"offline")
+            self._housekeeping(self._clock())
+        finally:
+            self.spool.close()
+
+    # ------------------------------------------------------------------------------------- batching
+
+    def _take(self) -> None:
+        samples, missed = self.ring.since(self._last_seq)
+        if missed:
+            self.metrics.missed.inc(missed)
+            log.warning("forwarder fell behind the ring buffer: %d samples lost", missed)
+        for sample in samples:
+            if not self._open.samples:
+                self._open = _OpenBatch(self._clock())
+            data = encode(Batch(self.node, self.boot, (sample,)), level=1)
+            key = self.spool.journal(self.boot, sample.seq, data)
+            if key is None:
+                self.metrics.spool_errors.inc()
+            else:
+                self._open.journal.append(key)
+            self._open.samples.append(sample)
+            self._open.device_samples += max(1, len(sample.devices))
+            self._last_seq = sample.seq
+
+    def _span(self) -> float:
+        return self.config.mqtt_batch_interval * self._growth
+
+    def _due(self, now: float) -> bool:
+        b = self._open
+        if not b.samples:
+            return False
+        if len(b.samples) >= self.config.mqtt_batch_max_samples:
+            return True
+        if b.device_samples * self._bytes_per_device_sample >= 0.9 * self.config.mqtt_batch_max_bytes:
+            return True
+        return now - b.opened >= self._span()
+
+    def _until_due(self) -> float:
+        if not self._open.samples:
+            return _TURN
+        return max(0.0, self._open.opened + self._span() - self._clock())
+
+    def _close_batch(self) -> None:
+        b, self._open = self._open, _OpenBatch(self._clock())
+        entries = self._store(b.samples, b.journal)
+        if not self.link.up:
+            self._growth = min(MAX_GROWTH, self._growth * 2)
+        else:
+            self._live.extend(entries)
+
+    def _store(
+        self, samples: list[Sample], journal: list[str], node: str = "", boot: str = ""
+    ) -> list[Entry]:
+        """Encode (splitting what exceeds --mqtt.batch-max-bytes) and spool; journal keys go with it."""
+        data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))
+        devices = sum(max(1, len(s.devices)) for s in samples)
+        self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
+        if len(data) > self.config.mqtt_batch_max_bytes and len(samples) > 1:
+            half = len(samples) // 2
+            first = self._store(samples[:half], [], node, boot)
+            return first + self._store(samples[half:], journal, node, boot)
+        before = self.spool.write_errors
+        entry = self.spool.put(data, samples[0].seq, samples[-1].seq, len(samples), journal)
+        if self.spool.write_errors != before:
+            self.metrics.spool_errors.inc(self.spool.write_errors - before)
+        return [entry] if entry in self.spool else []
+
+    def _recover(self, journal: list[tuple[str, bytes]]) -> None:
+        """Fold the samples journaled by a previous run (killed before it closed its batch) into batches."""
+        groups: dict[tuple[str, str], list[tuple[Sample, str]]] = {}
+        for key, data in journal:
+            try:
+                batch = decode(data)
+            except PayloadError as exc:
+                log.warning("spool journal entry %s is corrupt (%s); dropped", key, exc)
+                self.spool.forget_journal([key])
+                self._dropped("corrupt", 0, 1)
+                continue
+            for sample in batch.samples:
+                groups.setdefault((batch.node, batch.boot), []).append((sample, key))
+        for (node, boot), items in groups.items():
+            items.sort(key=lambda item: item[0].seq)
+            step = self.config.mqtt_batch_max_samples
+            for i in range(0, len(items), step):
+                chunk = items[i : i + step]
+                self._store([s for s, _ in chunk], [k for _, k in chunk], node, boot)
+            log.info("recovered %d journaled samples of boot %s from the spool", len(items), boot)
+
+    # ------------------------------------------------------------------------------------- sending
+
+    def _sendable(self) -> bool:
+        if not self.link.up or len(self._inflight) >= WINDOW:
+            return False
+        return bool(self._live) or (len(self.spool) > len(self._inflight) and self._tokens >= 1)
+
+    def _send(self) -> None:
+        now = self._clock()
+        rate = self.config.spool_replay_rate
+        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)
+        self._tokens_at = now
+        busy = {e.key for e in self._inflight.values()}
+        live = {e.key for e in self._live}
+        while self.link.up and len(self._inflight) < WINDOW:
+            if self._live:
+                entry = self._live.popleft()
+                live.discard(entry.key)
+                if entry not in self.spool or entry.key in busy:
+                    continue
+            elif self._tokens >= 1:
+                found = self._next_backlog(busy | live)
+                if found is None:
+                    break
+                entry = found
+                self._tokens -= 1
+            else:
+                break
+            data = self.spool.get(entry)
+            if data is None:
+                continue
+            try:
+                decode(data)
+            except PayloadError as exc:
+                self.spool.quarantine(entry, data, str(exc))
+                continue
+            mid = self.link.publish(self.topic, data)
+            if mid is None:
+                self.metrics.publish_errors.inc()
+                break
+            self._inflight[mid] = entry
+            busy.add(entry.key)
+
+    def _next_backlog(self, exclude: set[str]) -> Entry | None:
+        for entry in self.spool.entries_view():
+            if entry.key not in exclude:
+                return entry
+        return None
+
+    # ------------------------------------------------------------------------------------- callbacks
+
+    def _acked(self, mid: int, ok: bool, reason: str) -> None:
+        entry = self._inflight.pop(mid, None)
+        if entry is None:
+            return  # the status message, or a batch of a connection already given up
+        if not ok:
+            self.metrics.publish_errors.inc()
+            log.warning("broker refused batch %d-%d: %s", entry.first_seq, entry.last_seq, reason)
+            return
+        self.spool.remove(entry)
+        self.metrics.batches.inc()
+        self.metrics.samples.inc(entry.samples)
+        self.metrics.bytes.inc(entry.size)
+
+    def _up(self) -> None:
+        self.metrics.connected.set(1)
+        self._growth = 1
+        self._live.clear()
+        if self._open.samples:
+            self._close_batch()  # the newest data goes first
+        else:
+            newest = self.spool.newest()
+            if newest is not None:
+                self._live.append(newest)
+        self._tokens = 1.0
+        self._tokens_at = self._clock()
+
+    def _down(self, message: str) -> None:
+        self.metrics.connected.set(0)
+        self.metrics.connect_errors.labels(self.link.error_kind or "lost").inc()
+        if self._inflight:
+            self.metrics.publish_errors.inc(len(self._inflight))
+        self._inflight.clear()
+        self._live.clear()
+
+    def _dropped(self, reason: str, batches: int, samples: int) -> None:
+        if batches:
+            self.metrics.dropped_batches.labels(reason).inc(batches)
+        if samples:
+            self.metrics.dropped_samples.labels(reason).inc(samples)
+        if reason in ("max_bytes", "max_age", "disk_full"):
+            now = self._clock()
+            if now - self._drop_logged.get(reason, -1e9) >= 60:  # one line a minute per reason, not per batch
+                self._drop_logged[reason] = now
+                log.warning(
+                    "spool: dropping the oldest batches (%s); see gpu_exporter_forward_dropped_batches_total",
+                    reason,
+                )
+
+    def _housekeeping(self, now: float) -> None:
+        self._housekept = now
+        self.spool.expire()
+        m = self.metrics
+        m.spool_batches.set(len(self.spool))
+        m.spool_bytes.set(self.spool.total_bytes)
+        m.spool_oldest.set(self.spool.oldest_age())
+        m.backlog.set(max(0, len(self.spool) - len(self._live) - len(self._inflight)))
+        m.connected.set(1 if self.link.up else 0)

@@ -1,0 +1,342 @@
+"""Payload v1: round trip, schema agreement, and strict rejection of anything malformed."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import math
+from typing import Any
+
+import jsonschema
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gpu_exporter import catalog
+from gpu_exporter.forward import batch as codec
+from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
+
+VALIDATOR = jsonschema.Draft202012Validator(codec.schema())
+
+# ------------------------------------------------------------------------------------------ strategies
+
+_text = st.text(min_size=1, max_size=12)
+
+
+@st.composite
+def device_ids(draw: st.DrawFn) -> DeviceId:
+    gpu = str(draw(st.integers(0, 15)))
+    uuid = "GPU-" + draw(st.uuids()).hex
+    if draw(st.booleans()):
+        return DeviceId(gpu, uuid)
+    return DeviceId(
+        gpu,
+        "MIG-" + draw(st.uuids()).hex,
+        gpu_instance=str(draw(st.integers(0, 14))),
+        compute_instance=str(draw(st.integers(0, 7))),
+        mig_profile=draw(st.sampled_from(["1g.10gb", "2g.20gb", "3g.40gb"])),
+        parent_uuid=uuid,
+    )
+
+
+def _series_keys() -> st.SearchStrategy[tuple[str, tuple[str, ...]]]:
+    metric = st.sampled_from(catalog.CATALOG)
+    return metric.flatmap(lambda m: st.tuples(st.just(m.key), st.tuples(*[_text for _ in m.labels])))
+
+
+values = st.one_of(
+    st.integers(-(2**40), 2**40).map(float),  # counters, bytes, MHz
+    st.integers(0, 100).map(lambda v: v / 100),  # NVML percent as a ratio
+    st.integers(0, 10**7).map(lambda v: v / 1000),  # milliwatts as watts
+    st.floats(allow_nan=True, allow_infinity=True),  # anything at all
+)
+
+
+@st.composite
+def batches(draw: st.DrawFn) -> Batch:
+    devices = draw(st.lists(device_ids(), min_size=0, max_size=4, unique_by=lambda d: d.uuid))
+    infos = {d: draw(st.dictionaries(_text, st.text(max_size=10), max_size=3)) for d in devices}
+    n = draw(st.integers(1, 8))
+    seq = draw(st.integers(1, 2**40))
+    ts_ms = draw(st.integers(0, 4 * 10**12))
+    samples = []
+    keys = draw(st.lists(_series_keys(), max_size=6, unique=True))
+    for _ in range(n):
+        present = [d for d in devices if draw(st.integers(0, 9)) > 0]  # devices come and go
+        devs = tuple(
+            DeviceSample(
+                d,
+                up=draw(st.booleans()),
+                values={k: draw(values) for k in keys if draw(st.booleans())},
+                info=infos[d],
+            )
+            for d in present
+        )
+        samples.append(Sample(seq=seq, timestamp=ts_ms / 1000, devices=devs))
+        seq += draw(st.integers(1, 5))
+        ts_ms += draw(st.integers(-10, 10_000))
+    node = draw(_text)
+    boot = draw(st.uuids()).hex
+    return Batch(node, boot, tuple(samples))
+
+
+def comparable(b: Batch) -> Any:
+    """Batch contents with NaN made comparable and the parts that do not travel left out."""
+
+    def val(v: float) -> Any:
+        return "nan" if math.isnan(v) else (v, math.copysign(1.0, v))
+
+    return (
+        b.node,
+        b.boot,
+        [
+            (
+                s.seq,
+                round(s.timestamp * 1000),
+                sorted(  # devices keep their order unless one joins mid-batch
+                    (
+                        (d.device, d.up, sorted((k, val(v)) for k, v in d.values.items()), d.info)
+                        for d in s.devices
+                    ),
+                    key=lambda t: (t[0].uuid, t[0].gpu),
+                ),
+            )
+            for s in b.samples
+        ],
+    )
+
+
+# ------------------------------------------------------------------------------------------ round trip
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches(), st.booleans())
+def test_round_trip_gives_back_every_value_exactly(b: Batch, compress: bool) -> None:
+    data = encode(b, compress=compress)
+    assert data[:2] == b"\x1f\x8b" if compress else data[:1] == b"{"
+    back = decode(data)
+    assert comparable(back) == comparable(b)
+    assert (back.first_seq, back.last_seq) == (b.first_seq, b.last_seq)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_every_encoded_document_matches_the_schema(b: Batch) -> None:
+    doc = json.loads(encode(b, compress=False))
+    VALIDATOR.validate(doc)
+
+
+@settings(max_examples=60, deadline=None)
+@given(batches())
+def test_points_list_each_value_once_with_its_timestamp(b: Batch) -> None:
+    points = list(decode(encode(b)).points())
+    expected = sum(len(d.values) for s in b.samples for d in s.devices)
+    assert len(points) == expected
+    by_seq = {s.seq: s for s in b.samples}
+    for p in points:
+        sample = by_seq[p.seq]
+        assert p.timestamp_ms == round(sample.timestamp * 1000)
+        (dev,) = [d for d in sample.devices if d.device == p.device]
+        orig = dev.values[(p.key, p.labels)]
+        assert (math.isnan(orig) and math.isnan(p.value)) or orig == p.value
+
+
+def _nvml_like_batch(n_samples: int, n_gpus: int = 8) -> Batch:
+    samples = []
+    for i in range(n_samples):
+        devs = []
+        for g in range(n_gpus):
+            devs.append(
+                DeviceSample(
+                    DeviceId(str(g), f"GPU-{g:08d}-aaaa-bbbb-cccc-0123456789ab"),
+                    True,
+                    {
+                        ("utilization", ()): ((i * 7 + g) % 101) / 100,
+                        ("power", ()): 200 + ((i * 37 + g) % 1000) / 1000,
+                        ("memory_used", ()): float(1024**3 + i * 4096),
+                        ("temp_gpu", ()): float(50 + (i + g) % 5),
+                    },
+                    {"name": "NVIDIA H100", "driver_version": "550.54.15"},
+                )
+            )
+        samples.append(Sample(100 + i, 1_700_000_000 + 5 * i, tuple(devs)))
+    return Batch("edge-a", "b00t", tuple(samples))
+
+
+def test_device_labels_and_metric_keys_travel_once_per_batch() -> None:
+    for n in (1, 12, 120):
+        text = encode(_nvml_like_batch(n), compress=False).decode()
+        assert text.count("GPU-00000003-aaaa") == 1
+        assert text.count('"memory_used"') == 1
+        assert text.count("NVIDIA H100") == 8  # info once per device, not per sample
+
+
+def test_decimal_readings_are_stored_as_scaled_integer_deltas() -> None:
+    doc = to_document(_nvml_like_batch(4, n_gpus=1))
+    cols = dict(zip((k for k, _ in doc["metrics"]), doc["devices"][0]["columns"], strict=True))
+    assert cols["power"] == {"scale": 3, "delta": [200000, 37, 37, 37]}
+    assert cols["memory_used"] == {"delta": [1024**3, 4096, 4096, 4096]}
+    assert cols["utilization"] == {"scale": 2, "delta": [0, 7, 7, 7]}
+    assert doc["seq"] == [100, 1, 1, 1]
+    assert doc["time_ms"] == [1_700_000_000_000, 5000, 5000, 5000]
+
+
+def test_a_device_absent_from_some_samples_comes_back_absent() -> None:
+    a, b = DeviceId("0", "GPU-a"), DeviceId("1", "GPU-b")
+    s1 = Sample(1, 10.0, (DeviceSample(a, True, {("power", ()): 1.5}), DeviceSample(b, True, {})))
+    s2 = Sample(2, 15.0, (DeviceSample(a, False, {}),))
+    back = decode(encode(Batch("n", "boot", (s1, s2))))
+    assert [len(s.devices) for s in back.samples] == [2, 1]
+    assert back.samples[1].devices[0].up is False
+    assert back.samples[1].devices[0].values == {}
+
+
+def test_encoding_refuses_a_batch_that_could_not_be_decoded() -> None:
+    d = DeviceSample(DeviceId("0", "GPU-a"), True, {})
+    with pytest.raises(ValueError, match="at least one sample"):
+        encode(Batch("n", "b", ()))
+    with pytest.raises(ValueError, match="must increase"):
+        encode(Batch("n", "b", (Sample(2, 0.0, (d,)), Sample(2, 1.0, (d,)))))
+    with pytest.raises(ValueError, match="node"):
+        encode(Batch("", "b", (Sample(1, 0.0, (d,)),)))
+
+
+# ------------------------------------------------------------------------------------------ rejection
+
+
+def _valid_doc() -> dict[str, Any]:
+    return to_document(_nvml_like_batch(3, n_gpus=2))
+
+
+def _plain(doc: Any) -> bytes:
+    return json.dumps(doc).encode()
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: d.update(version=2), "unsupported payload version 2"),
+        (lambda d: d.update(version=True), "unsupported payload version"),
+        (lambda d: d.update(format="other"), "payload format"),
+        (lambda d: d.update(extra=1), "unknown field 'extra'"),
+        (lambda d: d.pop("boot"), "lacks boot"),
+        (lambda d: d.update(node=""), "node must be"),
+        (lambda d: d.update(first_seq=99), "disagree"),
+        (lambda d: d.update(seq=[5, 0, 1]), "increase"),
+        (lambda d: d.update(seq=[0, 1, 1]), "start at 1"),
+        (lambda d: d.update(seq=[]), "at least one sample"),
+        (lambda d: d.update(time_ms=[1, 2]), "time_ms has 2 entries"),
+        (lambda d: d.update(metrics=[["Bad-Key", []], *d["metrics"][1:]]), "invalid metric key"),
+        (lambda d: d["metrics"].append(d["metrics"][0]), "twice"),
+        (lambda d: d["devices"][0].update(up=[1, True, 1]), "up entries"),
+        (lambda d: d["devices"][0].update(up=[1, 1]), "up must be an array of 3"),
+        (lambda d: d["devices"][0]["columns"].pop(), "one per metric"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, "x", 2]}), "integer"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2.5, 2]}), "integer"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "scale": 12}), "scale"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**53, 0, 0]}), "out of range"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**52, 2**52, 0]}), "out of range"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, "inf", 2]}), "invalid value"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, [], 2]}), "invalid value"),
+        (lambda d: d["devices"][0].update(up=[None, 1, 1]), "absent"),
+        (lambda d: d["devices"][1].update(id=d["devices"][0]["id"]), "listed twice"),
+        (lambda d: d["devices"][0]["id"].pop("uuid"), "lacks uuid"),
+        (lambda d: d["devices"][0].update(info={"name": 3}), "must be a string"),
+        (lambda d: d.update(devices={}), "devices must be an array"),
+    ],
+)
+def test_decoder_and_schema_both_reject_malformed_documents(mutate: Any, message: str) -> None:
+    doc = _valid_doc()
+    mutate(doc)
+    with pytest.raises(PayloadError, match=message):
+        decode(_plain(doc))
+    with pytest.raises(PayloadError, match=message):
+        decode(gzip.compress(_plain(doc)))
+    structural = message not in (
+        "disagree",
+        "increase",
+        "time_ms has 2 entries",
+        "twice",
+        "one per metric",
+        "up must be an array of 3",
+        "absent",
+        "listed twice",
+        "out of range",
+        "start at 1",
+    )
+    if structural:  # what JSON Schema can express, it expresses too
+        assert not VALIDATOR.is_valid(doc)
+
+
+def test_a_valid_document_passes_both() -> None:
+    doc = _valid_doc()
+    VALIDATOR.validate(doc)
+    assert decode(_plain(doc)).last_seq == 102
+
+
+@pytest.mark.parametrize(
+    ("data", "message"),
+    [
+        (b"", "empty payload"),
+        (b"\x00\x01binary", "not a batch payload"),
+        (b"[1,2]", "not a batch payload"),
+        (b"{", "not JSON"),
+        (b'{"a": NaN}', "non-JSON number NaN"),
+        (b'{"a": "\xff"}', "not UTF-8"),
+        (b"\x1f\x8b\x08\x00garbage", "corrupt gzip|truncated"),
+        (b"{" + b"[" * 100000 + b"]" * 100000 + b"}", "not JSON|nested"),
+    ],
+)
+def test_bytes_that_are_no_payload_are_rejected_with_one_line(data: bytes, message: str) -> None:
+    with pytest.raises(PayloadError, match=message) as info:
+        decode(data)
+    assert "\n" not in str(info.value)
+
+
+def test_size_limits_hold_before_and_after_inflating() -> None:
+    data = encode(_nvml_like_batch(50))
+    with pytest.raises(PayloadError, match="exceeds the 100-byte limit"):
+        decode(data, max_bytes=100)
+    bomb = gzip.compress(b"{" + b" " * 5_000_000 + b"}")
+    assert len(bomb) < 10_000
+    with pytest.raises(PayloadError, match="inflates beyond"):
+        decode(bomb, max_bytes=1_000_000)
+    with pytest.raises(PayloadError, match="truncated"):
+        decode(data[:-20])
+    with pytest.raises(PayloadError, match="trailing bytes"):
+        decode(data + b"x")
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=300))
+def test_arbitrary_bytes_raise_payload_error_or_decode(data: bytes) -> None:
+    try:
+        decode(data)
+    except PayloadError:
+        pass
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.data())
+def test_corrupted_payloads_raise_only_payload_error(data: st.DataObject) -> None:
+    good = bytearray(encode(_nvml_like_batch(3, n_gpus=2), compress=data.draw(st.booleans())))
+    for _ in range(data.draw(st.integers(1, 4))):
+        pos = data.draw(st.integers(0, len(good) - 1))
+        good[pos] = data.draw(st.integers(0, 255))
+    cut = data.draw(st.integers(1, len(good)))
+    try:
+        decode(bytes(good[:cut]))
+    except PayloadError:
+        pass
+
+
+def test_json_values_of_the_wrong_kind_never_escape_as_other_errors() -> None:
+    doc = _valid_doc()
+    for field in doc:
+        for bad in (None, "x", 1.5, [], {}, [None], [[]], 10**400):
+            mutated = dict(doc, **{field: bad})
+            try:
+                decode(_plain(mutated))
+            except PayloadError:
+                pass
