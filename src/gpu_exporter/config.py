@@ -72,6 +72,24 @@ class Config:
     spool_replay_rate: float = 10.0
 
     # --- bridge options go below this line ---
+    bridge_group: str = ""  # shared-subscription group; empty: one bridge takes everything
+    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>
+    bridge_session_expiry: float = 86400.0
+    bridge_listen_address: str = ":9401"
+    bridge_max_inflight: int = 200
+    bridge_max_payload: int = 16 * 1024 * 1024
+    bridge_node_label: str = "node"
+    remote_write_url: str = ""
+    remote_write_username: str = ""
+    remote_write_password_file: str = ""
+    remote_write_bearer_token_file: str = ""
+    remote_write_tls_ca_file: str = ""
+    remote_write_tls_cert_file: str = ""
+    remote_write_tls_key_file: str = ""
+    remote_write_tls_insecure_skip_verify: bool = False
+    remote_write_timeout: float = 10.0
+    remote_write_max_samples: int = 5000
+    remote_write_max_backoff: float = 10.0
 
     # --- kubernetes options go below this line ---
     metrics_naming: str = "native"
@@ -139,6 +157,56 @@ def _choice(*choices: str) -> Callable[[str], str]:
         return value
 
     return parse
+
+
+# --- bridge parsers ---
+def _http_url(text: str) -> str:
+    from urllib.parse import urlsplit
+
+    value = str(text).strip()
+    if not value:
+        return ""
+    try:
+        url = urlsplit(value)
+        url.port  # noqa: B018 - raises ValueError for a bad port
+    except ValueError as exc:
+        raise ValueError(f"invalid URL {text!r}: {exc}") from None
+    if url.scheme not in ("http", "https") or not url.hostname:
+        raise ValueError(f"invalid URL {text!r} (use http://HOST[:PORT]/PATH or https://...)")
+    return value
+
+
+def _label_name(text: str) -> str:
+    value = str(text)
+    if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", value) or value.startswith("__"):
+        raise ValueError(f"invalid label name {text!r}")
+    return value
+
+
+def _group(text: str) -> str:
+    value = str(text)
+    if any(c in value for c in "/+#\0"):
+        raise ValueError(f"invalid shared-subscription group {text!r} (no /, + or #)")
+    return value
+
+
+def _duration_at_least(low: float) -> Callable[[str], float]:
+    def parse(text: str) -> float:
+        seconds = parse_duration(text)
+        if seconds < low:
+            raise ValueError(f"{text!r} is below the {low:g}s minimum")
+        return seconds
+
+    return parse
+
+
+def _max_payload(text: str) -> int:
+    from gpu_exporter.units import parse_size as size_of
+
+    size = size_of(text)
+    if size < 1024:
+        raise ValueError(f"{text!r} is below the 1KiB minimum")
+    return size
 
 
 def _listen(text: str) -> str:
@@ -327,6 +395,43 @@ OPTIONS: tuple[Option, ...] = (
     Option("spool.replay-rate", "spool_replay_rate", _rate,
            "backlog batches sent per second after an outage (fresh batches go first)", "PER_SECOND"),
     # --- bridge options go below this line ---
+    Option("bridge.group", "bridge_group", _group,
+           "bridge: MQTT 5 shared-subscription group, so that several bridges split the load", "NAME"),
+    Option("bridge.client-id", "bridge_client_id", str,
+           "bridge: MQTT client id; keep it stable across restarts, the session is kept under it "
+           "(default: gpu-exporter-bridge-<hostname>)", "ID"),
+    Option("bridge.session-expiry", "bridge_session_expiry", _duration_at_least(1),
+           "bridge: how long the broker keeps the session and its messages while the bridge is away",
+           "DURATION"),
+    Option("bridge.listen-address", "bridge_listen_address", _listen, "bridge: address of its own /metrics",
+           "[HOST]:PORT"),
+    Option("bridge.max-inflight", "bridge_max_inflight", _positive_int,
+           "bridge: unacknowledged messages the broker may send at once (MQTT 5 Receive Maximum)", "N"),
+    Option("bridge.max-payload", "bridge_max_payload", _max_payload,
+           "bridge: larger payloads (compressed or inflated) are dropped and counted", "SIZE"),
+    Option("bridge.node-label", "bridge_node_label", _label_name,
+           "bridge: label that carries the node name on every series", "NAME"),
+    Option("remote-write.url", "remote_write_url", _http_url,
+           "bridge: Prometheus remote-write endpoint, e.g. http://prometheus:9090/api/v1/write", "URL"),
+    Option("remote-write.username", "remote_write_username", str, "bridge: basic-auth user", "USER"),
+    Option("remote-write.password-file", "remote_write_password_file", str,
+           "bridge: file holding the basic-auth password", "FILE"),
+    Option("remote-write.bearer-token-file", "remote_write_bearer_token_file", str,
+           "bridge: file holding a bearer token", "FILE"),
+    Option("remote-write.tls.ca-file", "remote_write_tls_ca_file", str,
+           "bridge: CA bundle to verify the remote-write server", "FILE"),
+    Option("remote-write.tls.cert-file", "remote_write_tls_cert_file", str,
+           "bridge: client certificate for the remote-write server", "FILE"),
+    Option("remote-write.tls.key-file", "remote_write_tls_key_file", str,
+           "bridge: key of the client certificate", "FILE"),
+    Option("remote-write.tls.insecure-skip-verify", "remote_write_tls_insecure_skip_verify", _bool,
+           "bridge: do not verify the server certificate (testing only)", "BOOL"),
+    Option("remote-write.timeout", "remote_write_timeout", _duration_at_least(0.1),
+           "bridge: timeout of one remote-write request", "DURATION"),
+    Option("remote-write.max-samples-per-request", "remote_write_max_samples", _positive_int,
+           "bridge: larger writes are split into several requests", "N"),
+    Option("remote-write.max-backoff", "remote_write_max_backoff", _duration_at_least(0.01),
+           "bridge: longest wait between retries of a failing write (5xx, 429, network)", "DURATION"),
     # --- kubernetes options go below this line ---
     Option("metrics.naming", "metrics_naming", _choice("native", "dcgm"),
            "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "

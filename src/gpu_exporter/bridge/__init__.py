@@ -1,0 +1,1 @@
+"""Cloud bridge: MQTT batches from edge nodes to Prometheus remote write."""

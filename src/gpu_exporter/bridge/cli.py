@@ -1,0 +1,193 @@
+"""``gpu-exporter bridge``: MQTT batches from edge nodes to Prometheus remote write.
+
+Exit codes as for the exporter: 0 clean stop, 1 a runtime problem (port in use), 2 a usage problem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import errno
+import logging
+import signal
+import socket
+import sys
+import threading
+from collections.abc import Sequence
+from types import FrameType
+from typing import TYPE_CHECKING
+
+from prometheus_client import CollectorRegistry, start_http_server
+
+from gpu_exporter import __version__
+from gpu_exporter import config as cfg
+
+if TYPE_CHECKING:
+    from gpu_exporter.bridge.service import BridgeSettings
+
+__all__ = ["main", "settings_from"]
+
+log = logging.getLogger("gpu_exporter.bridge")
+
+PROG = "gpu-exporter bridge"
+
+# The options the bridge reads: its own, the MQTT connection shared with the forwarder, and logging.
+_PREFIXES = ("bridge.", "remote-write.", "log.")
+_MQTT = (
+    "mqtt.url",
+    "mqtt.topic-prefix",
+    "mqtt.username",
+    "mqtt.password-file",
+    "mqtt.tls.ca-file",
+    "mqtt.tls.cert-file",
+    "mqtt.tls.key-file",
+)
+
+
+def _options() -> list[cfg.Option]:
+    return [o for o in cfg.OPTIONS if o.name.startswith(_PREFIXES) or o.name in _MQTT]
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog=PROG,
+        description="Cloud side of store-and-forward: subscribes to the edge nodes' MQTT batches and writes "
+        "them to Prometheus remote write (Prometheus, VictoriaMetrics, Thanos Receive, Mimir). A message is "
+        "acknowledged only after its samples were written.",
+        epilog=f"Every option can also be set as an environment variable ({cfg.ENV_PREFIX}<OPTION>, e.g. "
+        f"{cfg.env_name('remote-write.url')}) or as a key in the --config.file YAML.",
+    )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--config.file",
+        dest="config.file",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help="YAML file with any of these options",
+    )
+    defaults = cfg.Config()
+    for opt in _options():
+        default = getattr(defaults, opt.field)
+        shown = f" (default: {default})" if default not in ("", None) else ""
+        parser.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            metavar=opt.metavar,
+            default=argparse.SUPPRESS,
+            help=f"{opt.help.removeprefix('bridge: ')}{shown}",
+        )
+    return parser
+
+
+def _read_secret(path: str, what: str) -> str:
+    if not path:
+        return ""
+    try:
+        with open(path, encoding="utf-8") as handle:
+            return handle.read().strip()
+    except OSError as exc:
+        raise cfg.ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
+
+
+def settings_from(config: cfg.Config) -> BridgeSettings:
+    """The bridge's settings from the shared configuration; ConfigError when something is missing."""
+    from gpu_exporter.bridge.service import BridgeSettings, parse_mqtt_url
+
+    if not config.mqtt_url:
+        raise cfg.ConfigError("--mqtt.url is required (the broker the edge nodes publish to)")
+    if not config.remote_write_url:
+        raise cfg.ConfigError("--remote-write.url is required (e.g. http://prometheus:9090/api/v1/write)")
+    try:
+        parse_mqtt_url(config.mqtt_url)
+    except ValueError as exc:
+        raise cfg.ConfigError(str(exc)) from None
+    if config.remote_write_username and config.remote_write_bearer_token_file:
+        raise cfg.ConfigError("use either --remote-write.username or --remote-write.bearer-token-file, not both")
+    if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
+        raise cfg.ConfigError("--remote-write.tls.cert-file and --remote-write.tls.key-file go together")
+    client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}"
+    return BridgeSettings(
+        mqtt_url=config.mqtt_url,
+        remote_write_url=config.remote_write_url,
+        topic_prefix=config.mqtt_topic_prefix,
+        mqtt_username=config.mqtt_username,
+        mqtt_password=_read_secret(config.mqtt_password_file, "MQTT password"),
+        mqtt_ca_file=config.mqtt_tls_ca_file,
+        mqtt_cert_file=config.mqtt_tls_cert_file,
+        mqtt_key_file=config.mqtt_tls_key_file,
+        group=config.bridge_group,
+        client_id=client_id,
+        session_expiry=config.bridge_session_expiry,
+        receive_maximum=min(config.bridge_max_inflight, 65535),
+        max_payload=config.bridge_max_payload,
+        node_label=config.bridge_node_label,
+        rw_timeout=config.remote_write_timeout,
+        rw_username=config.remote_write_username,
+        rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),
+        rw_bearer_token=_read_secret(config.remote_write_bearer_token_file, "bearer token"),
+        rw_ca_file=config.remote_write_tls_ca_file,
+        rw_cert_file=config.remote_write_tls_cert_file,
+        rw_key_file=config.remote_write_tls_key_file,
+        rw_insecure_skip_verify=config.remote_write_tls_insecure_skip_verify,
+        rw_max_samples=config.remote_write_max_samples,
+        rw_backoff_max=config.remote_write_max_backoff,
+    )
+
+
+def _fail(message: str, code: int) -> int:
+    print(f"{PROG}: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from gpu_exporter.cli import setup_logging
+
+    args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
+    try:
+        config = cfg.load(vars(args))
+        settings = settings_from(config)
+    except cfg.ConfigError as exc:
+        return _fail(str(exc), 2)
+    setup_logging(config.log_level, config.log_format)
+    return run(settings, config.bridge_listen_address)
+
+
+def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = None) -> int:
+    """Run the bridge until SIGTERM/SIGINT (or ``stop`` is set)."""
+    from gpu_exporter.bridge.service import Bridge
+
+    stop = stop or threading.Event()
+    registry = CollectorRegistry(auto_describe=True)
+    try:
+        bridge = Bridge(settings, registry)
+    except (ValueError, OSError) as exc:
+        return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
+    host, _, port = listen.rpartition(":")
+    try:
+        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+    except OSError as exc:
+        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
+        return _fail(f"cannot listen on {listen}: {reason}", 1)
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stop.set()
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_signal)
+        signal.signal(signal.SIGINT, on_signal)
+    log.info(
+        "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
+    )
+    bridge.start()
+    try:
+        while not stop.wait(1.0):
+            pass
+    finally:
+        log.info("stopping")
+        bridge.stop(timeout=10.0)
+        server.shutdown()
+        server.server_close()
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    raise SystemExit(main())

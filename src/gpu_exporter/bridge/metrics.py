@@ -1,0 +1,127 @@
+"""The bridge's own metrics: throughput, lag, write errors, drops, and node liveness."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+__all__ = ["BridgeMetrics", "Liveness"]
+
+
+class BridgeMetrics:
+    """Every ``gpu_exporter_bridge_*`` counter and gauge, registered in one registry."""
+
+    def __init__(self, registry: CollectorRegistry) -> None:
+        p = "gpu_exporter_bridge_"
+        self.messages = Counter(p + "messages_received", "MQTT batch messages received.", registry=registry)
+        self.payloads_dropped = Counter(
+            p + "payloads_dropped",
+            "Batch messages acknowledged and dropped because they could not be "
+            "used, by node and reason (malformed, oversized).",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.gpu_samples = Counter(
+            p + "gpu_samples_written",
+            "Per-device samples (one GPU at one time) written to remote storage.",
+            registry=registry,
+        )
+        self.samples = Counter(
+            p + "samples_written",
+            "Remote-write samples (one value of one series) accepted by remote storage.",
+            registry=registry,
+        )
+        self.samples_rejected = Counter(
+            p + "samples_rejected",
+            "Samples remote storage refused for good and that were dropped, by "
+            "reason (too_old, out_of_order, duplicate, client_error).",
+            ["reason"],
+            registry=registry,
+        )
+        self.duplicates = Counter(
+            p + "duplicate_samples",
+            "Edge samples dropped because the same (node, boot, seq) was written before.",
+            registry=registry,
+        )
+        self.requests = Counter(
+            p + "write_requests",
+            "Remote-write requests by HTTP status (0: no answer).",
+            ["code"],
+            registry=registry,
+        )
+        self.write_errors = Counter(
+            p + "write_errors",
+            "Remote-write attempts that failed and were retried, by reason (network, server, throttled).",
+            ["reason"],
+            registry=registry,
+        )
+        self.write_duration = Histogram(
+            p + "write_duration_seconds",
+            "Time of one remote-write HTTP request.",
+            registry=registry,
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+        )
+        self.lag = Gauge(
+            p + "lag_seconds",
+            "Age of the newest sample in the last successful write, when it was written.",
+            registry=registry,
+        )
+        self.last_write = Gauge(
+            p + "last_write_timestamp_seconds",
+            "When the last successful remote write finished.",
+            registry=registry,
+        )
+        self.queue = Gauge(
+            p + "queue_messages", "Messages received and not yet written and acknowledged.", registry=registry
+        )
+        self.connected = Gauge(p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry)
+
+
+class Liveness(Collector):
+    """Node liveness from the retained status topic, as ``gpu_exporter_node_up`` and last-seen time.
+
+    Built fresh from a snapshot at each collect, so a node needs no gauge child to be removed.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._up: dict[str, bool] = {}
+        self._seen: dict[str, float] = {}
+
+    def status(self, node: str, online: bool, when: float | None = None) -> None:
+        with self._lock:
+            self._up[node] = online
+            self._seen[node] = time.time() if when is None else when
+
+    def seen(self, node: str, when: float | None = None) -> None:
+        with self._lock:
+            self._seen[node] = time.time() if when is None else when
+            self._up.setdefault(node, True)
+
+    def snapshot(self) -> tuple[dict[str, bool], dict[str, float]]:
+        with self._lock:
+            return dict(self._up), dict(self._seen)
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        up, seen = self.snapshot()
+        g_up = GaugeMetricFamily(
+            "gpu_exporter_node_up",
+            "1 when the node's exporter says it is online (retained status topic).",
+            labels=["node"],
+        )
+        g_seen = GaugeMetricFamily(
+            "gpu_exporter_node_last_seen_timestamp_seconds",
+            "When the bridge last heard from the node (status or batch).",
+            labels=["node"],
+        )
+        for node in sorted(up):
+            g_up.add_metric([node], 1.0 if up[node] else 0.0)
+        for node in sorted(seen):
+            g_seen.add_metric([node], seen[node])
+        yield g_up
+        yield g_seen

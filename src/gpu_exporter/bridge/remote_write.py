@@ -1,0 +1,197 @@
+"""Prometheus remote write 1.0: a WriteRequest encoded by hand, snappy block compression.
+
+The message is small enough that a protobuf runtime would cost more than it saves::
+
+    WriteRequest { repeated TimeSeries timeseries = 1; }
+    TimeSeries   { repeated Label labels = 1; repeated Sample samples = 2; }
+    Label        { string name = 1; string value = 2; }
+    Sample       { double value = 1; int64 timestamp = 2; }   // timestamp in milliseconds
+
+Series from one batch share their timestamps (the payload is columnar), so the encoder caches the
+timestamp varints per request and the encoded label block per series across requests, and packs each
+series' samples with one ``struct`` call.
+"""
+
+from __future__ import annotations
+
+import bisect
+import struct
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+
+import cramjam
+
+__all__ = [
+    "HEADERS",
+    "LabelSet",
+    "Series",
+    "WriteEncoder",
+    "compress",
+    "encode_varint",
+    "split_by_samples",
+    "split_by_time",
+]
+
+# (name, value) pairs; the encoder sorts them by name as the spec requires.
+LabelSet = tuple[tuple[str, str], ...]
+
+HEADERS = {
+    "Content-Encoding": "snappy",
+    "Content-Type": "application/x-protobuf",
+    "X-Prometheus-Remote-Write-Version": "0.1.0",
+}
+
+
+@dataclass(slots=True)
+class Series:
+    """One time series of a request: samples in time order, timestamps in milliseconds."""
+
+    labels: LabelSet
+    timestamps: list[int] = field(default_factory=list)
+    values: list[float] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.timestamps)
+
+
+def encode_varint(value: int) -> bytes:
+    """Base-128 varint; negative int64 values take ten bytes (two's complement), as protobuf does."""
+    if value < 0:
+        value += 1 << 64
+    out = bytearray()
+    while value > 0x7F:
+        out.append((value & 0x7F) | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
+
+
+def _field(tag: int, payload: bytes) -> bytes:
+    return bytes((tag,)) + encode_varint(len(payload)) + payload
+
+
+def _encode_labels(labels: LabelSet) -> bytes:
+    parts = []
+    for name, value in sorted(labels):
+        body = _field(0x0A, name.encode()) + _field(0x12, value.encode())
+        parts.append(_field(0x0A, body))
+    return b"".join(parts)
+
+
+class WriteEncoder:
+    """Builds WriteRequest bodies. Not thread-safe: one encoder per writer thread."""
+
+    def __init__(self, label_cache_size: int = 200_000) -> None:
+        self._labels: dict[LabelSet, bytes] = {}
+        self._label_cache_size = label_cache_size
+        self._structs: dict[int, struct.Struct] = {}
+
+    def _label_block(self, labels: LabelSet) -> bytes:
+        block = self._labels.get(labels)
+        if block is None:
+            if len(self._labels) >= self._label_cache_size:
+                self._labels.clear()
+            block = self._labels[labels] = _encode_labels(labels)
+        return block
+
+    def encode(self, series: Iterable[Series]) -> bytes:
+        """The uncompressed protobuf body for ``series``."""
+        # One sample is: 0x12 <len> 0x09 <8-byte double> 0x10 <varint ms>. Everything but the double
+        # depends on the timestamp only, so the bytes around each double are built once per timestamp,
+        # and series that share one timestamp list (all series of a batch) share one packing plan.
+        around: dict[int, tuple[bytes, bytes]] = {}
+        plans: dict[int, tuple[list[Sequence[int]], struct.Struct, list[object]]] = {}
+        out: list[bytes] = []
+        for s in series:
+            if not s.timestamps:
+                continue
+            plan = plans.get(id(s.timestamps))
+            if plan is None:
+                template: list[object] = []
+                fmt = ["<"]
+                for ts in s.timestamps:
+                    pair = around.get(ts)
+                    if pair is None:
+                        tail = b"\x10" + encode_varint(ts)
+                        head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
+                        pair = around[ts] = (head, tail)
+                    template += (pair[0], 0.0, pair[1])
+                    fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
+                # The list itself is kept in the plan so that its id cannot be reused meanwhile.
+                plan = plans[id(s.timestamps)] = ([s.timestamps], struct.Struct("".join(fmt)), template)
+            args = plan[2].copy()
+            args[1::3] = s.values
+            body = self._label_block(s.labels) + plan[1].pack(*args)
+            out.append(b"\x0a" + encode_varint(len(body)))
+            out.append(body)
+        return b"".join(out)
+
+
+def compress(body: bytes) -> bytes:
+    """Snappy block format (not the framed stream format), as remote write requires."""
+    return bytes(cramjam.snappy.compress_raw(body))
+
+
+def split_by_samples(series: Sequence[Series], max_samples: int) -> list[list[Series]]:
+    """Cut ``series`` into requests of at most ``max_samples`` samples, each covering a time range.
+
+    Requests are cut along time, oldest first, so that a receiver that rejects old samples rejects
+    whole requests and the newer ones still land.
+    """
+    total = sum(len(s) for s in series)
+    if total <= max_samples:
+        return [list(series)] if total else []
+    stamps = sorted({ts for s in series for ts in s.timestamps})
+    # Greedy: grow a time window until the next timestamp would overflow the request.
+    per_ts: dict[int, int] = {}
+    for s in series:
+        for ts in s.timestamps:
+            per_ts[ts] = per_ts.get(ts, 0) + 1
+    cuts: list[int] = []  # exclusive upper bounds
+    count = 0
+    for ts in stamps:
+        n = per_ts[ts]
+        if count and count + n > max_samples:
+            cuts.append(ts)
+            count = 0
+        count += n
+    requests: list[list[Series]] = []
+    lower: int | None = None
+    for upper in [*cuts, None]:
+        part = [p for p in (_slice(s, lower, upper) for s in series) if len(p)]
+        # A single timestamp with more series than max_samples: split by series.
+        n = sum(len(p) for p in part)
+        if n > max_samples:
+            chunk: list[Series] = []
+            size = 0
+            for p in part:
+                if size and size + len(p) > max_samples:
+                    requests.append(chunk)
+                    chunk, size = [], 0
+                chunk.append(p)
+                size += len(p)
+            if chunk:
+                requests.append(chunk)
+        elif part:
+            requests.append(part)
+        lower = upper
+    return requests
+
+
+def split_by_time(series: Sequence[Series]) -> tuple[list[Series], list[Series]] | None:
+    """Halve a request along time (older half first); None when it holds a single timestamp."""
+    stamps = sorted({ts for s in series for ts in s.timestamps})
+    if len(stamps) < 2:
+        return None
+    middle = stamps[len(stamps) // 2]
+    older = [p for p in (_slice(s, None, middle) for s in series) if len(p)]
+    newer = [p for p in (_slice(s, middle, None) for s in series) if len(p)]
+    return older, newer
+
+
+def _slice(s: Series, lower: int | None, upper: int | None) -> Series:
+    lo = 0 if lower is None else bisect.bisect_left(s.timestamps, lower)
+    hi = len(s.timestamps) if upper is None else bisect.bisect_left(s.timestamps, upper)
+    if lo == 0 and hi == len(s.timestamps):
+        return s
+    return Series(s.labels, s.timestamps[lo:hi], s.values[lo:hi])

@@ -1,0 +1,360 @@
+"""The bridge: MQTT batches in, remote write out, MQTT acknowledgement only after the write.
+
+Two threads. paho's network thread receives messages and queues them (status messages update node
+liveness directly). The writer thread takes what is queued (up to ``max_messages`` at a time), decodes,
+drops replays, converts, writes, and only then acknowledges each message, in the order received. A
+write that keeps failing blocks the writer; the broker holds everything unacknowledged meanwhile, and
+MQTT 5's Receive Maximum stops it from sending more than ``receive_maximum`` unacknowledged messages.
+If the bridge dies, every message it had not acknowledged is delivered again to its session.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import ssl
+import threading
+import time
+import urllib.parse
+from dataclasses import dataclass, field
+from typing import Any
+
+import paho.mqtt.client as mqtt
+from paho.mqtt.enums import CallbackAPIVersion
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+from paho.mqtt.reasoncodes import ReasonCode
+from prometheus_client import CollectorRegistry
+
+from gpu_exporter.bridge.convert import Converter
+from gpu_exporter.bridge.dedup import SeqTracker
+from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
+from gpu_exporter.bridge.sender import RemoteWriter, Stopped
+from gpu_exporter.forward import batch as codec
+from gpu_exporter.model import Sample
+
+__all__ = ["Bridge", "BridgeSettings", "Decoded", "MessageHandler", "Received", "parse_mqtt_url"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    mqtt_url: str
+    remote_write_url: str
+    topic_prefix: str = "gpu-exporter"
+    mqtt_username: str = ""
+    mqtt_password: str = ""
+    mqtt_ca_file: str = ""
+    mqtt_cert_file: str = ""
+    mqtt_key_file: str = ""
+    mqtt_insecure_skip_verify: bool = False
+    group: str = ""  # shared subscription group; empty: a plain subscription
+    client_id: str = "gpu-exporter-bridge"
+    session_expiry: float = 86400.0
+    receive_maximum: int = 200
+    max_messages: int = 100  # messages per remote write
+    max_payload: int = codec.DEFAULT_MAX_BYTES
+    node_label: str = "node"
+    rw_timeout: float = 10.0
+    rw_username: str = ""
+    rw_password: str = ""
+    rw_bearer_token: str = ""
+    rw_ca_file: str = ""
+    rw_cert_file: str = ""
+    rw_key_file: str = ""
+    rw_insecure_skip_verify: bool = False
+    rw_max_samples: int = 5000
+    rw_backoff_max: float = 10.0
+    dedup_streams: int = 100_000
+
+
+def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
+    """(host, port, tls) of ``mqtt://host[:port]`` or ``mqtts://host[:port]`` (also tcp://, ssl://)."""
+    parts = urllib.parse.urlsplit(url)
+    tls = parts.scheme in ("mqtts", "ssl", "tls")
+    if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl", "tls") or not parts.hostname:
+        raise ValueError(f"invalid MQTT URL {url!r} (use mqtt://host:port or mqtts://host:port)")
+    try:
+        port = parts.port or (8883 if tls else 1883)
+    except ValueError:
+        raise ValueError(f"invalid port in MQTT URL {url!r}") from None
+    return parts.hostname, port, tls
+
+
+@dataclass(frozen=True, slots=True)
+class Received:
+    """A batch message as it came off the wire, waiting to be written and acknowledged."""
+
+    mid: int
+    qos: int
+    topic: str
+    payload: bytes
+    at: float = field(default_factory=time.time)
+
+
+@dataclass(frozen=True, slots=True)
+class Decoded:
+    batch: codec.Batch
+    samples: tuple[Sample, ...]  # those not written before
+
+
+class MessageHandler:
+    """Decodes one message; a bad payload is counted per node and logged once per node, never raised."""
+
+    def __init__(self, prefix: str, metrics: BridgeMetrics, max_payload: int, liveness: Liveness) -> None:
+        self._prefix = prefix.rstrip("/") + "/"
+        self._metrics = metrics
+        self._max_payload = max_payload
+        self._liveness = liveness
+        self._logged: set[str] = set()
+        self._lock = threading.Lock()
+
+    def topic_node(self, topic: str) -> str:
+        if topic.startswith(self._prefix):
+            rest = topic[len(self._prefix) :]
+            node, sep, _ = rest.rpartition("/")
+            if sep and node:
+                return node
+        return "unknown"
+
+    def decode(self, msg: Received) -> codec.Batch | None:
+        try:
+            return self._decode(msg)
+        except Exception as exc:  # the handler's promise: nothing escapes
+            self._drop(self.topic_node(str(msg.topic)), "malformed", f"{type(exc).__name__}: {exc}")
+            return None
+
+    def _decode(self, msg: Received) -> codec.Batch | None:
+        node = self.topic_node(msg.topic)
+        if len(msg.payload) > self._max_payload:
+            self._drop(node, "oversized", f"payload of {len(msg.payload)} bytes exceeds {self._max_payload}")
+            return None
+        try:
+            batch = codec.decode(msg.payload, max_bytes=self._max_payload)
+        except codec.PayloadError as exc:
+            reason = "oversized" if "limit" in str(exc) else "malformed"
+            self._drop(node, reason, str(exc))
+            return None
+        self._liveness.seen(batch.node)
+        return batch
+
+    def _drop(self, node: str, reason: str, why: str) -> None:
+        self._metrics.payloads_dropped.labels(node, reason).inc()
+        with self._lock:
+            first = node not in self._logged
+            if first and len(self._logged) < 100_000:
+                self._logged.add(node)
+        if first:
+            log.warning(
+                "dropped a %s batch from node %s: %s (logged once per node; see "
+                "gpu_exporter_bridge_payloads_dropped_total)",
+                reason,
+                node,
+                " ".join(why.split())[:300],
+            )
+
+    def status(self, topic: str, payload: bytes) -> None:
+        """A retained status message: online or offline (plain text, or JSON with a "status" field)."""
+        try:
+            node = self.topic_node(topic)
+            text = payload[:256].decode("utf-8", "replace").strip().lower()
+            if not text:
+                return
+            if "offline" in text:
+                self._liveness.status(node, False)
+            elif "online" in text:
+                self._liveness.status(node, True)
+        except Exception:  # pragma: no cover - defensive, the network thread must go on
+            log.debug("ignored a status message on %s", topic, exc_info=True)
+
+
+class Bridge:
+    """Subscriber, writer and acknowledger. ``start()`` then ``stop(timeout)``."""
+
+    def __init__(self, settings: BridgeSettings, registry: CollectorRegistry) -> None:
+        self.settings = settings
+        self.metrics = BridgeMetrics(registry)
+        self.liveness = Liveness()
+        registry.register(self.liveness)
+        self.dedup = SeqTracker(max_streams=settings.dedup_streams)
+        self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
+        self._stop = threading.Event()
+        self._queue: queue.Queue[Received] = queue.Queue()
+        self._converter = Converter(settings.node_label)
+        self._writer = RemoteWriter(
+            settings.remote_write_url,
+            timeout=settings.rw_timeout,
+            username=settings.rw_username,
+            password=settings.rw_password,
+            bearer_token=settings.rw_bearer_token,
+            ca_file=settings.rw_ca_file,
+            cert_file=settings.rw_cert_file,
+            key_file=settings.rw_key_file,
+            insecure_skip_verify=settings.rw_insecure_skip_verify,
+            max_samples=settings.rw_max_samples,
+            backoff_max=settings.rw_backoff_max,
+            metrics=self.metrics,
+            stop=self._stop,
+        )
+        self._host, self._port, tls = parse_mqtt_url(settings.mqtt_url)
+        prefix = settings.topic_prefix.rstrip("/")
+        self.batch_topic = f"{prefix}/+/batch"
+        if settings.group:
+            self.batch_topic = f"$share/{settings.group}/{self.batch_topic}"
+        self.status_topic = f"{prefix}/+/status"
+        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
+        self._client.manual_ack_set(True)
+        self._client.reconnect_delay_set(min_delay=1, max_delay=30)
+        if settings.mqtt_username:
+            self._client.username_pw_set(settings.mqtt_username, settings.mqtt_password or None)
+        if tls:
+            self._client.tls_set(
+                ca_certs=settings.mqtt_ca_file or None,
+                certfile=settings.mqtt_cert_file or None,
+                keyfile=settings.mqtt_key_file or None,
+                cert_reqs=ssl.CERT_NONE if settings.mqtt_insecure_skip_verify else ssl.CERT_REQUIRED,
+            )
+            if settings.mqtt_insecure_skip_verify:
+                self._client.tls_insecure_set(True)
+        self._client.on_connect = self._on_connect
+        self._client.on_disconnect = self._on_disconnect
+        self._client.on_message = self._on_message
+        self._client.on_subscribe = self._on_subscribe
+        self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
+        self._connected = threading.Event()
+        self._unknown_logged: set[str] = set()
+
+    # ------------------------------------------------------------------------------------------- MQTT
+
+    def start(self) -> None:
+        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+        props.SessionExpiryInterval = int(self.settings.session_expiry)
+        props.ReceiveMaximum = self.settings.receive_maximum
+        self._client.connect_async(self._host, self._port, keepalive=30, clean_start=False, properties=props)
+        self._client.loop_start()
+        self._thread.start()
+
+    def wait_connected(self, timeout: float) -> bool:
+        """True once connected and subscribed."""
+        return self._connected.wait(timeout)
+
+    def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
+        if rc.is_failure:
+            log.warning("MQTT broker %s:%d refused the connection: %s", self._host, self._port, rc)
+            return
+        log.info(
+            "connected to MQTT broker %s:%d (session present: %s)",
+            self._host,
+            self._port,
+            getattr(flags, "session_present", "?"),
+        )
+        client.subscribe([(self.batch_topic, 1), (self.status_topic, 1)])
+        self.metrics.connected.set(1)
+
+    def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, rcs: list[ReasonCode], props: Any) -> None:
+        failed = [str(rc) for rc in rcs if rc.is_failure]
+        if failed:
+            log.error("MQTT broker refused the subscription to %s: %s", self.batch_topic, ", ".join(failed))
+            return
+        self._connected.set()
+
+    def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
+        self.metrics.connected.set(0)
+        self._connected.clear()
+        if not self._stop.is_set():
+            log.warning("disconnected from MQTT broker %s:%d (%s); reconnecting", self._host, self._port, rc)
+
+    def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
+        try:
+            topic = msg.topic
+        except Exception:  # a topic that is not UTF-8
+            topic = "?"
+        if topic.endswith("/status"):
+            self.handler.status(topic, bytes(msg.payload))
+            if msg.qos:
+                client.ack(msg.mid, msg.qos)
+            return
+        self.metrics.messages.inc()
+        self._queue.put(Received(msg.mid, msg.qos, topic, bytes(msg.payload)))
+        self.metrics.queue.inc()
+
+    # ----------------------------------------------------------------------------------------- writer
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                first = self._queue.get(timeout=0.2)
+            except queue.Empty:
+                continue
+            msgs = [first]
+            while len(msgs) < self.settings.max_messages:
+                try:
+                    msgs.append(self._queue.get_nowait())
+                except queue.Empty:
+                    break
+            try:
+                self.process(msgs)
+            except Stopped:
+                log.info("stopping with %d messages unwritten; the broker delivers them again", len(msgs))
+                return
+            except Exception:  # never let the writer die: the messages stay unacknowledged
+                log.exception("unexpected error while writing %d messages; they stay unacknowledged", len(msgs))
+                self._stop.wait(1.0)
+                continue
+            for m in msgs:
+                if m.qos:
+                    self._client.ack(m.mid, m.qos)
+            self.metrics.queue.dec(len(msgs))
+
+    def process(self, msgs: list[Received]) -> int:
+        """Decode, drop replays, write. Returns the samples written; raises Stopped when stopping."""
+        decoded: list[tuple[codec.Batch, tuple[Sample, ...]]] = []
+        pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
+        replays = 0
+        for m in msgs:
+            batch = self.handler.decode(m)
+            if batch is None:
+                continue
+            taken = pending.setdefault((batch.node, batch.boot), set())
+            seqs = [s.seq for s in batch.samples]
+            fresh = [i for i in self.dedup.unseen(batch.node, batch.boot, seqs) if seqs[i] not in taken]
+            replays += len(seqs) - len(fresh)
+            if fresh:
+                samples = tuple(batch.samples[i] for i in fresh)
+                taken.update(s.seq for s in samples)
+                decoded.append((batch, samples))
+        if replays:
+            self.metrics.duplicates.inc(replays)
+        if not decoded:
+            return 0
+        converted = self._converter.convert(decoded)
+        for key in converted.unknown_keys:
+            self._warn_unknown(key)
+        outcome = self._writer.write(converted.series)
+        now = time.time()
+        for batch, samples in decoded:
+            self.dedup.mark(batch.node, batch.boot, [s.seq for s in samples])
+        self.metrics.samples.inc(outcome.written)
+        self.metrics.gpu_samples.inc(converted.gpu_samples)
+        self.metrics.last_write.set(now)
+        if converted.newest_ms is not None:
+            self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
+        return outcome.written
+
+    def _warn_unknown(self, key: str) -> None:
+        if key not in self._unknown_logged:
+            self._unknown_logged.add(key)
+            log.warning(
+                "metric key %r is not in this bridge's catalog; its values are skipped "
+                "(is the exporter newer than the bridge?)",
+                key,
+            )
+
+    def stop(self, timeout: float = 10.0) -> None:
+        """Stop writing (an unfinished write is abandoned, unacknowledged), then disconnect."""
+        self._stop.set()
+        self._thread.join(timeout)
+        self._client.disconnect()
+        self._client.loop_stop()
+        self._writer.close()
