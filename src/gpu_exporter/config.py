@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gpu_exporter import catalog
-from gpu_exporter.units import parse_duration
+from gpu_exporter.units import parse_duration, parse_size
 
 __all__ = ["OPTIONS", "Config", "ConfigError", "Option", "env_name", "load"]
 
