@@ -193,7 +193,7 @@ def test_spool_on_a_host_path(rendered: tuple[str, list[dict[str, Any]]]) -> Non
     volumes = {v["name"]: v for v in spec["volumes"]}
     mounts = {m["mountPath"]: m["name"] for m in _agent(docs)["volumeMounts"]}
     env = {e["name"]: e.get("value") for e in _agent(docs)["env"]}
-    spool_dir = env["GPU_EXPORTER_SPOOL_PATH"]
+    spool_dir = env[config.env_name("spool.dir")]
     mount = next(path for path in mounts if spool_dir.startswith(path.rstrip("/") + "/"))
     assert "hostPath" in volumes[mounts[mount]]
     # every other writable path is memory-backed and bounded (the root filesystem is read-only)
@@ -234,6 +234,16 @@ def test_config_from_configmap_and_credentials_from_secret(
             assert ref["key"] in secret["stringData"]
             assert ref["optional"] is True
             assert env["name"] in {config.env_name(o.name) for o in config.OPTIONS}
+    # the password file comes from the same Secret, mounted read-only
+    volume = next(v for v in spec["volumes"] if "secret" in v)
+    assert volume["secret"]["secretName"] == secret["metadata"]["name"]
+    assert volume["secret"]["optional"] is True
+    assert {item["key"] for item in volume["secret"]["items"]} <= set(secret["stringData"])
+    mount = next(m for m in _agent(docs)["volumeMounts"] if m["name"] == volume["name"])
+    assert mount["readOnly"] is True
+    if loaded.mqtt_url:
+        assert loaded.mqtt_url.startswith("mqtt://127.0.0.1:")  # KubeEdge: the node's own broker
+        assert loaded.spool_max_bytes <= 1 << 30
 
 
 def test_plain_kubernetes_mounts_the_pod_resources_socket() -> None:
