@@ -128,9 +128,7 @@ def test_never_evicted_from_an_unreachable_node(rendered: tuple[str, list[dict[s
 def test_kubeedge_placement(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     overlay, docs = rendered
     spec = _pod_spec(docs)
-    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][
-        "nodeSelectorTerms"
-    ]
+    terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     expressions = [e for term in terms for e in term["matchExpressions"]]
     # Exists, never `accelerator=nvidia` equality, which misses nodes labelled otherwise.
     assert {e["operator"] for e in expressions} == {"Exists"}
@@ -296,9 +294,7 @@ def _known_metric_names() -> set[str]:
 
 
 def test_prometheus_adapter_rule_is_valid_promql(tmp_path: Path) -> None:
-    docs = [
-        d for d in yaml.safe_load_all((DEPLOY / "prometheus-adapter.yaml").read_text(encoding="utf-8")) if d
-    ]
+    docs = [d for d in yaml.safe_load_all((DEPLOY / "prometheus-adapter.yaml").read_text(encoding="utf-8")) if d]
     configmap = _one(docs, "ConfigMap")
     adapter = yaml.safe_load(configmap["data"]["config.yaml"])
     exprs = {}

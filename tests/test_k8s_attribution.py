@@ -16,7 +16,8 @@ from gpu_exporter.config import Config
 from gpu_exporter.k8s import PodAttributor, PodRef
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, Sample
 from gpu_exporter.ring import RingBuffer
-from k8s_fakes import FakeKubelet
+
+from .k8s_fakes import FakeKubelet
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 GPU0 = DeviceId("0", "GPU-aaaa")
@@ -96,8 +97,7 @@ def test_finished_pod_disappears_at_once() -> None:
     assert 'pod="trainer-1"' not in text
     # trainer-0 keeps its running total: 300 J + 2 s x 200 W, all its own now = 700 J
     assert (
-        'gpu_pod_energy_joules_total{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",'
-        'container="trainer"} 700\n'
+        'gpu_pod_energy_joules_total{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",container="trainer"} 700\n'
     ) in text
 
 

@@ -19,7 +19,8 @@ from gpu_exporter.k8s.podresources import (
     list_pod_resources,
 )
 from gpu_exporter.model import DeviceId
-from k8s_fakes import FakeKubelet, encode_response
+
+from .k8s_fakes import FakeKubelet, encode_response
 
 FIXTURES = Path(__file__).parent / "fixtures" / "k8s"
 PROC = FIXTURES / "proc"
@@ -59,8 +60,7 @@ def test_crio_conmon_is_not_a_container() -> None:
     assert cgroup.parse_cgroup(text) == cgroup.ContainerCgroup(uid, "")
     # v1 with the conmon line first and the container's own line after it: the container wins
     text = (
-        f"5:pids:/kubepods/pod{uid}/crio-conmon-{'1' * 64}.scope\n"
-        f"4:memory:/kubepods/pod{uid}/crio-{'2' * 64}.scope\n"
+        f"5:pids:/kubepods/pod{uid}/crio-conmon-{'1' * 64}.scope\n4:memory:/kubepods/pod{uid}/crio-{'2' * 64}.scope\n"
     )
     assert cgroup.parse_cgroup(text) == cgroup.ContainerCgroup(uid, "2" * 64)
 
@@ -174,7 +174,5 @@ def test_truncated_response_is_rejected() -> None:
         ("GPU-aaaa", DeviceId("0", "MIG-1111", "1", "0", "1g.10gb", "GPU-aaaa"), False),
     ],
 )
-def test_device_ids_match_gpus_mig_instances_and_replicas(
-    device_id: str, device: DeviceId, expected: bool
-) -> None:
+def test_device_ids_match_gpus_mig_instances_and_replicas(device_id: str, device: DeviceId, expected: bool) -> None:
     assert device_matches(device_id, device) is expected

@@ -433,22 +433,51 @@ OPTIONS: tuple[Option, ...] = (
     Option("remote-write.max-backoff", "remote_write_max_backoff", _duration_at_least(0.01),
            "bridge: longest wait between retries of a failing write (5xx, 429, network)", "DURATION"),
     # --- kubernetes options go below this line ---
-    Option("metrics.naming", "metrics_naming", _choice("native", "dcgm"),
-           "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "
-           "and labels, for its dashboards and alerts)", "STYLE"),
-    Option("k8s.pod-attribution", "k8s_pod_attribution", _bool,
-           "map GPU processes to Kubernetes pods (gpu_pod_* metrics), in the background", "BOOL"),
-    Option("k8s.kubelet-socket", "k8s_kubelet_socket", _path,
-           "kubelet pod-resources socket; when absent (KubeEdge) pods are found through /proc cgroups",
-           "PATH"),
-    Option("k8s.pod-logs-path", "k8s_pod_logs_path", _path,
-           "the kubelet's pod log directory, whose names give namespace, pod and container "
-           "(its sibling containers/ maps container IDs to names)", "PATH"),
-    Option("k8s.idle-power", "k8s_idle_power", _idle_power,
-           "GPU idle power in watts, subtracted before energy is split among pods "
-           "(default: the lowest power seen on each GPU)", "WATTS"),
-    Option("k8s.refresh-interval", "k8s_refresh_interval", _interval,
-           "how often pod assignments are re-read from the kubelet and /proc", "DURATION"),
+    Option(
+        "metrics.naming",
+        "metrics_naming",
+        _choice("native", "dcgm"),
+        "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "
+        "and labels, for its dashboards and alerts)",
+        "STYLE",
+    ),
+    Option(
+        "k8s.pod-attribution",
+        "k8s_pod_attribution",
+        _bool,
+        "map GPU processes to Kubernetes pods (gpu_pod_* metrics), in the background",
+        "BOOL",
+    ),
+    Option(
+        "k8s.kubelet-socket",
+        "k8s_kubelet_socket",
+        _path,
+        "kubelet pod-resources socket; when absent (KubeEdge) pods are found through /proc cgroups",
+        "PATH",
+    ),
+    Option(
+        "k8s.pod-logs-path",
+        "k8s_pod_logs_path",
+        _path,
+        "the kubelet's pod log directory, whose names give namespace, pod and container "
+        "(its sibling containers/ maps container IDs to names)",
+        "PATH",
+    ),
+    Option(
+        "k8s.idle-power",
+        "k8s_idle_power",
+        _idle_power,
+        "GPU idle power in watts, subtracted before energy is split among pods "
+        "(default: the lowest power seen on each GPU)",
+        "WATTS",
+    ),
+    Option(
+        "k8s.refresh-interval",
+        "k8s_refresh_interval",
+        _interval,
+        "how often the pod log directories are re-indexed (a new pod is looked up at once)",
+        "DURATION",
+    ),
 )
 
 _SWITCHES = tuple(
