@@ -8,6 +8,7 @@ the Kubernetes JSON schemas and works offline.
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -244,14 +245,42 @@ def test_config_from_configmap_and_credentials_from_secret(
         assert loaded.spool_max_bytes <= 1 << 30
 
 
-def test_plain_kubernetes_mounts_the_pod_resources_socket() -> None:
+def test_pod_resources_component_is_opt_in(tmp_path: Path) -> None:
+    """By default no overlay mounts the kubelet's root-only socket (the agent stays non-root); the
+    component adds the mount and root, and keeps everything else locked down."""
     if KUBECTL is None:
         pytest.skip("kubectl is not installed")
-    docs = _render("kubernetes")
-    mounts = {m["mountPath"] for m in _agent(docs)["volumeMounts"]}
-    assert "/var/lib/kubelet/pod-resources" in mounts
-    edge = _render("kubeedge")
-    assert "/var/lib/kubelet/pod-resources" not in {m["mountPath"] for m in _agent(edge)["volumeMounts"]}
+    for overlay in OVERLAYS:
+        mounts = {m["mountPath"] for m in _agent(_render(overlay))["volumeMounts"]}
+        assert "/var/lib/kubelet/pod-resources" not in mounts
+    overlay = tmp_path / "with-pod-resources"
+    overlay.mkdir()
+    (overlay / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOY / "kubernetes", overlay)],
+                "components": [os.path.relpath(DEPLOY / "components" / "pod-resources", overlay)],
+            }
+        ),
+        encoding="utf-8",
+    )
+    result = subprocess.run(
+        [KUBECTL, "kustomize", str(overlay)], capture_output=True, text=True, timeout=60, check=False
+    )
+    assert result.returncode == 0, result.stderr
+    docs = [d for d in yaml.safe_load_all(result.stdout) if d]
+    agent = _agent(docs)
+    mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
+    assert mount["readOnly"] is True
+    configmap = _one(docs, "ConfigMap")
+    assert "k8s.kubelet-socket: /var/lib/kubelet/pod-resources/kubelet.sock" in configmap["data"]["config.yaml"]
+    ctx = agent["securityContext"]
+    assert ctx["runAsUser"] == 0
+    assert ctx["capabilities"]["drop"] == ["ALL"] and "add" not in ctx["capabilities"]
+    assert ctx["readOnlyRootFilesystem"] is True and ctx["allowPrivilegeEscalation"] is False
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 # --- Service and ServiceMonitor ----------------------------------------------------------------

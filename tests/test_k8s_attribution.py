@@ -176,6 +176,10 @@ def test_kubelet_failure_falls_back_to_proc_and_is_counted(kubelet: FakeKubelet)
     metrics = generate_latest(registry).decode()
     assert 'gpu_exporter_k8s_errors_total{source="pod_resources"} 1.0' in metrics
     assert "gpu_exporter_k8s_pods 5.0" in metrics
+    # a refused kubelet is not asked again at every sample, only after the refresh interval
+    attributor.process([_fallback_sample(2, 1001.0)])
+    assert kubelet.calls == 1
+    assert 'gpu_exporter_k8s_errors_total{source="pod_resources"} 1.0' in generate_latest(registry).decode()
 
 
 def test_background_thread_follows_the_ring() -> None:

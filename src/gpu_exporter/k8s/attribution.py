@@ -72,6 +72,7 @@ class PodAttributor:
         self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
         self._directory = podlogs.PodDirectory()
         self._scanned_at = float("-inf")
+        self._api_retry_at = float("-inf")
         self._seq = 0
         self._lock = threading.Lock()
         self._text = ""
@@ -156,11 +157,14 @@ class PodAttributor:
 
     def _ask_kubelet(self) -> list[Assignment]:
         socket_path = self._config.k8s_kubelet_socket
-        if not os.path.exists(socket_path):
+        if not os.path.exists(socket_path) or time.monotonic() < self._api_retry_at:
             return []
         try:
             return self._lister(socket_path)
         except PodResourcesError as exc:
+            # e.g. a non-root agent may not connect to the root-owned socket: ask again only after
+            # the refresh interval, and meanwhile name pods through /proc alone
+            self._api_retry_at = time.monotonic() + self._config.k8s_refresh_interval
             self._count("pod_resources")
             self._report_once(f"{exc}; using /proc for pod attribution")
             return []
