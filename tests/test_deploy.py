@@ -224,7 +224,17 @@ def test_config_from_configmap_and_credentials_from_secret(
     path.write_text(configmap["data"]["config.yaml"], encoding="utf-8")
     loaded = config.load({"config.file": str(path)}, environ={})
     assert loaded.path_procfs == "/host/proc"
-    assert any(m["mountPath"] == loaded.path_procfs for m in _agent(docs)["volumeMounts"])
+    # what pod attribution reads is mounted, read-only, from the host
+    volumes = {v["name"]: v for v in spec["volumes"]}
+    mounts = {m["mountPath"]: m for m in _agent(docs)["volumeMounts"]}
+    pod_logs = Path(loaded.k8s_pod_logs_path)
+    for path, host in (
+        (loaded.path_procfs, "/proc"),
+        (str(pod_logs), "/var/log/pods"),
+        (str(pod_logs.parent / "containers"), "/var/log/containers"),
+    ):
+        assert mounts[path]["readOnly"] is True
+        assert volumes[mounts[path]["name"]]["hostPath"]["path"] == host
     secret = yaml.safe_load((DEPLOY / "secret.example.yaml").read_text(encoding="utf-8"))
     for env in _agent(docs)["env"]:
         ref = env.get("valueFrom", {}).get("secretKeyRef")
