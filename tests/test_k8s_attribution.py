@@ -212,3 +212,29 @@ def test_min_observed_idle_power_when_not_configured() -> None:
     text = attributor.text()
     assert 'pod="trainer-0",container="trainer"} 150\n' in text
     assert 'pod="trainer-1",container="trainer"} 50\n' in text
+
+
+def test_restarted_container_is_named_once_its_link_appears(tmp_path: Path) -> None:
+    """A container restart gets a new ID; in a pod of several containers its name comes from the new
+    /var/log/containers link, picked up without waiting for the refresh interval."""
+    shutil.copytree(FIXTURES, tmp_path / "k8s", symlinks=True)
+    root = tmp_path / "k8s"
+    uid = "22222222-2222-4222-8222-222222222222"
+    new_id = "7" * 64
+    (root / "proc" / "2001").mkdir()
+    (root / "proc" / "2001" / "cgroup").write_text(f"0::/kubepods/besteffort/pod{uid}/{new_id}\n")
+    config = Config(
+        path_procfs=str(root / "proc"),
+        k8s_pod_logs_path=str(root / "var" / "log" / "pods"),
+        k8s_kubelet_socket=str(tmp_path / "none.sock"),
+        k8s_refresh_interval=3600.0,
+    )
+    attributor = PodAttributor(config, RingBuffer(8))
+    sample = _sample(1, 1000.0, _device(GPU1, None, ProcessUsage(2001, 1e9, 0.1)))
+    attributor.process([sample])
+    assert 'pod="resnet-7f9c",container=""' in attributor.text()  # two containers, no link yet
+    link = root / "var" / "log" / "containers" / f"resnet-7f9c_inference_log-shipper-{new_id}.log"
+    link.symlink_to(f"../pods/inference_resnet-7f9c_{uid}/log-shipper/1.log")
+    time.sleep(1.05)  # re-indexing is limited to once a second
+    attributor.process([_sample(2, 1001.0, *sample.devices)])
+    assert 'pod="resnet-7f9c",container="log-shipper"' in attributor.text()

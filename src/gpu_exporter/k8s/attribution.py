@@ -172,8 +172,16 @@ class PodAttributor:
     def _names(self, found: cgroup.ContainerCgroup) -> PodRef | None:
         now = time.monotonic()
         stale = now - self._scanned_at >= self._config.k8s_refresh_interval
-        # A pod we have not seen yet: re-index at once, but at most once a second.
-        unknown = found.pod_uid not in self._directory.pods and now - self._scanned_at >= 1.0
+        # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
+        # once, but at most once a second.
+        pod = self._directory.pods.get(found.pod_uid)
+        new_container = (
+            pod is not None
+            and len(pod[2]) > 1
+            and bool(found.container_id)
+            and found.container_id not in self._directory.containers
+        )
+        unknown = (pod is None or new_container) and now - self._scanned_at >= 1.0
         if stale or unknown:
             self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
             self._scanned_at = now
