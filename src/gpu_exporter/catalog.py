@@ -482,6 +482,71 @@ CATALOG: tuple[Metric, ...] = (
         labels=("xid",),
     ),
     # --- vendor-specific additions (AMD, Jetson) go below this line ---
+    _m(
+        "multimedia_utilization",
+        "gpu_multimedia_utilization_ratio",
+        "gauge",
+        "Multimedia (video codec) engine activity, AMD (0-1).",
+        "utilization",
+    ),
+    _m("clock_soc", "gpu_clock_hertz", "gauge", _CLOCK, "clocks", {"clock": "soc"}),
+    _m("clock_max_soc", "gpu_clock_max_hertz", "gauge", _MAXCLOCK, "clocks", {"clock": "soc"}),
+    _m(
+        "clock_min_graphics",
+        "gpu_clock_min_hertz",
+        "gauge",
+        "Lowest clock frequency the governor may choose, in hertz, by clock domain (Jetson).",
+        "clocks",
+        {"clock": "graphics"},
+    ),
+    _m(
+        "frequency_governor",
+        "gpu_frequency_governor",
+        "gauge",
+        "1 for the devfreq governor that sets the GPU clock (Jetson).",
+        "clocks",
+        labels=("governor",),
+    ),
+    _m(
+        "pcie_bandwidth",
+        "gpu_pcie_bandwidth_bytes_per_second",
+        "gauge",
+        "PCIe bandwidth in use, both directions together, in bytes per second (AMD).",
+        "pcie",
+    ),
+    _m(
+        "ecc_block_corrected",
+        "gpu_ecc_block_errors_total",
+        "counter",
+        "ECC errors by hardware block and type since the driver was loaded (AMD).",
+        "ecc",
+        {"type": "corrected"},
+        labels=("block",),
+    ),
+    _m(
+        "ecc_block_uncorrected",
+        "gpu_ecc_block_errors_total",
+        "counter",
+        "ECC errors by hardware block and type since the driver was loaded (AMD).",
+        "ecc",
+        {"type": "uncorrected"},
+        labels=("block",),
+    ),
+    _m(
+        "board_power",
+        "gpu_board_input_power_watts",
+        "gauge",
+        "Power drawn by the whole module at its input rail, in watts (Jetson).",
+        "power",
+    ),
+    _m(
+        "power_rail",
+        "gpu_power_rail_watts",
+        "gauge",
+        "Power on each monitored supply rail, in watts (Jetson INA3221; a rail may feed more than the GPU).",
+        "power",
+        labels=("rail",),
+    ),
 )
 
 # collector groups: one per metric group, plus "mig" (per-instance series of MIG devices)
@@ -512,3 +577,16 @@ def families(metrics: Iterable[Metric] = CATALOG) -> tuple[Family, ...]:
 
 if len(_BY_KEY) != len(CATALOG):  # pragma: no cover - guarded by tests as well
     raise ValueError("duplicate catalog key")
+
+
+def markdown_table() -> str:
+    """The README's metric list, generated so that it cannot drift from the code."""
+    rows = ["| metric | type | labels | group | DCGM equivalent |", "|---|---|---|---|---|"]
+    for fam in families():
+        consts = sorted({f'{k}="{v}"' for m in fam.metrics for k, v in m.const_labels})
+        dynamic = sorted({label for m in fam.metrics for label in m.labels})
+        labels = ", ".join([*consts, *dynamic]) or "-"
+        groups = ", ".join(dict.fromkeys(m.group for m in fam.metrics))
+        dcgm = ", ".join(m.dcgm for m in fam.metrics if m.dcgm) or "-"
+        rows.append(f"| `{fam.name}` | {fam.type} | {labels} | {groups} | {dcgm} |")
+    return "\n".join(rows) + "\n"

@@ -48,13 +48,15 @@ Factory = Callable[[Config], Backend]
 # library only matters for the vendor asked for.
 _REGISTRY: dict[str, str] = {
     "nvidia": "gpu_exporter.backends.nvml:create",
+    "amd": "gpu_exporter.backends.amd:create",
+    "jetson": "gpu_exporter.backends.jetson:create",
     "fake": "gpu_exporter.backends.fake:create",
 }
 
-_NOT_YET = {"amd": "AMD SMI", "jetson": "Jetson sysfs"}
+_NOT_YET: dict[str, str] = {}  # vendor -> library, for a vendor whose backend is not written yet
 
-# vendors tried by --gpu-vendor=auto, in order
-AUTO_ORDER: tuple[str, ...] = ("nvidia",)
+# vendors tried by --gpu-vendor=auto, in order; a node with several vendors runs them all
+AUTO_ORDER: tuple[str, ...] = ("nvidia", "amd", "jetson")
 
 
 def _factory(vendor: str) -> Factory:
@@ -75,7 +77,11 @@ def create(config: Config) -> list[Backend]:
 
 
 def detect(config: Config) -> list[Backend]:
-    """Every vendor whose library loads and reports at least one device."""
+    """Every vendor whose library loads and reports at least one device, all opened.
+
+    A mixed node (a Jetson with an NVIDIA card in its PCIe slot, a server with AMD and NVIDIA cards)
+    gets one backend per vendor. One INFO line says what was found and why the others were not.
+    """
     found: list[Backend] = []
     reasons: list[str] = []
     for vendor in AUTO_ORDER:
@@ -86,10 +92,18 @@ def detect(config: Config) -> list[Backend]:
             reasons.append(f"{vendor}: {exc}")
             log.debug("auto-detect: %s not usable: %s", vendor, exc)
             continue
-        log.info("auto-detect: found %s GPUs", vendor)
+        except Exception as exc:  # a vendor library that breaks in an unforeseen way must not stop the others
+            reasons.append(f"{vendor}: {type(exc).__name__}: {exc}")
+            log.warning("auto-detect: %s failed unexpectedly: %s: %s", vendor, type(exc).__name__, exc)
+            continue
         found.append(backend)
     if not found:
         raise BackendError(
             "no GPU found (" + "; ".join(reasons) + "); to try the exporter without one, run it with --gpu-vendor=fake"
         )
+    log.info(
+        "auto-detect: using %s%s",
+        ", ".join(b.name for b in found),
+        f" (not found: {'; '.join(reasons)})" if reasons else "",
+    )
     return found

@@ -1,0 +1,316 @@
+"""NVIDIA Jetson (Nano, TX2, Xavier, Orin) through sysfs and procfs only: no NVML, no tegrastats.
+
+The integrated GPU is found by its devfreq node (``class/devfreq/*`` whose ``device/of_node/name`` is a
+known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor; the load (0-1000)
+sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
+``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4), memory from
+``/proc/meminfo`` because the GPU shares system RAM. Every path is under ``--path.sysfs`` and
+``--path.procfs``, so the same code reads a fixture tree in tests.
+
+A file that is missing, unreadable or holds garbage makes that one value absent and counts an error
+under the name of what was read (``load``, ``rail``...): a broken tree never fails the cycle.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from collections import Counter
+from dataclasses import dataclass
+from pathlib import Path
+
+from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.config import Config
+from gpu_exporter.model import DeviceId, DeviceSample, SeriesKey
+
+__all__ = ["JetsonBackend", "create", "find_gpu"]
+
+log = logging.getLogger(__name__)
+
+# device-tree node names of Jetson GPUs: gm20b (Nano, TX1), gp10b (TX2), gv11b (Xavier), ga10b (Orin)
+CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})
+# a node merely called "gpu" (Nano, Orin on JetPack 6) is also what Mali boards (Rockchip, Allwinner)
+# call theirs, so it counts only when the device tree says NVIDIA
+GPU_NODE_NAMES = CHIP_NAMES | {"gpu"}
+INPUT_RAILS = ("VDD_IN", "VIN", "POM_5V_IN")  # the whole module's input
+GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
+# load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
+_LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
+# Tegra thermal zones read -256 °C when the sensor is powered off
+_NO_READING_MILLI_C = -100_000
+
+
+def _read(path: Path) -> str:
+    """A sysfs attribute as text, without device-tree NUL terminators or the trailing newline."""
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        return handle.read(4096).replace("\x00", " ").strip()
+
+
+def _first_word(path: Path) -> str:
+    try:
+        return _read(path).split(" ")[0]
+    except OSError:
+        return ""
+
+
+@dataclass(frozen=True)
+class GpuNode:
+    devfreq: Path  # class/devfreq/<node>
+    chip: str  # gm20b, gv11b, ga10b...
+    load: Path | None
+
+
+@dataclass(frozen=True)
+class Rail:
+    name: str
+    power: Path | None  # IIO in_power<N>_input, milliwatts
+    voltage: Path | None  # hwmon in<N>_input, millivolts
+    current: Path | None  # hwmon curr<N>_input, milliamperes
+
+
+def find_gpu(sysfs: Path) -> GpuNode | None:
+    """The Jetson GPU's devfreq node under ``sysfs``, or None."""
+    devfreq = sysfs / "class" / "devfreq"
+    try:
+        entries = sorted(devfreq.iterdir())
+    except OSError:
+        return None
+    for entry in entries:
+        of_node = entry / "device" / "of_node"
+        node_name = _first_word(of_node / "name")
+        suffix = entry.name.rpartition(".")[2]
+        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES:
+            continue
+        compatible = _first_word(of_node / "compatible")  # "nvidia,ga10b" or "nvidia,tegra210-gm20b"
+        if not _is_nvidia(sysfs, compatible) and node_name not in CHIP_NAMES and suffix not in CHIP_NAMES:
+            log.debug("devfreq %s is a GPU but not an NVIDIA one (%s)", entry.name, compatible or "?")
+            continue
+        chip = compatible.partition(",")[2].rpartition("-")[2] if "," in compatible else ""
+        chip = chip or (suffix if suffix != "gpu" else node_name) or entry.name
+        load: Path | None = None
+        for candidate in (entry / "device" / "load", *(sysfs / p for p in _LEGACY_LOAD)):
+            if candidate.exists():
+                load = candidate
+                break
+        return GpuNode(entry, chip, load)
+    return None
+
+
+def _is_nvidia(sysfs: Path, compatible: str) -> bool:
+    """The GPU node, or failing that the board, is NVIDIA's according to the device tree."""
+    if compatible:
+        return compatible.startswith("nvidia,")
+    board = _safe_read(sysfs / "firmware" / "devicetree" / "base" / "compatible")
+    return "nvidia," in board
+
+
+def _monitors(sysfs: Path, patterns: tuple[str, ...]) -> list[Path]:
+    """INA3221 monitor folders matching the glob patterns, each once, in a stable order."""
+    seen: dict[str, Path] = {}
+    for pattern in patterns:
+        for folder in sorted(sysfs.glob(pattern)):
+            if _first_word(folder / "name").startswith("ina3221"):
+                seen.setdefault(os.path.realpath(folder), folder)
+    return list(seen.values())
+
+
+def find_rails(sysfs: Path) -> list[Rail]:
+    """Named supply rails of every INA3221 on the board (JetPack 5+ hwmon, JetPack 4 IIO)."""
+    rails: list[Rail] = []
+    for folder in _monitors(sysfs, ("class/hwmon/hwmon*", "bus/i2c/devices/*/hwmon/hwmon*")):
+        for label in sorted(folder.glob("in*_label")):
+            channel = label.name[2 : -len("_label")]
+            name = _first_word(label) if channel.isdigit() else ""
+            if not name or "sum of shunt" in _safe_read(label).lower():
+                continue
+            rails.append(Rail(name, None, folder / f"in{channel}_input", folder / f"curr{channel}_input"))
+    for folder in _monitors(sysfs, ("bus/iio/devices/iio:device*", "bus/i2c/devices/*/iio:device*")):
+        for label in sorted(folder.glob("rail_name_*")):
+            channel = label.name.rpartition("_")[2]
+            name = _first_word(label)
+            if name and channel.isdigit():
+                rails.append(Rail(name, folder / f"in_power{channel}_input", None, None))
+    return rails
+
+
+def _safe_read(path: Path) -> str:
+    try:
+        return _read(path)
+    except OSError:
+        return ""
+
+
+def find_gpu_thermal_zone(sysfs: Path) -> Path | None:
+    for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*")):
+        if _safe_read(zone / "type").lower().startswith("gpu"):
+            return zone
+    return None
+
+
+class JetsonBackend:
+    """The one integrated GPU of a Jetson module."""
+
+    name = "jetson"
+
+    def __init__(self, config: Config) -> None:
+        self._sysfs = Path(config.path_sysfs)
+        self._procfs = Path(config.path_procfs)
+        self._enabled = config.collector_enabled
+        self.errors: Counter[str] = Counter()
+        self._lock = threading.Lock()
+        self._gpu: GpuNode | None = None
+        self._rails: list[Rail] = []
+        self._thermal: Path | None = None
+        self._device = DeviceId(gpu="0", uuid="")
+        self._info: dict[str, str] = {}
+        self._last_up = False
+
+    def open(self) -> None:
+        if not (self._sysfs / "class").is_dir():
+            raise BackendError(f"--path.sysfs={self._sysfs} does not look like sysfs (no class/ folder)")
+        gpu = find_gpu(self._sysfs)
+        if gpu is None:
+            raise NoDevicesError(
+                f"no Jetson GPU under {self._sysfs}/class/devfreq (looked for gv11b, ga10b, gp10b, *.gpu)"
+            )
+        base = self._sysfs / "firmware" / "devicetree" / "base"
+        model = _safe_read(base / "model")
+        serial = _safe_read(base / "serial-number")
+        with self._lock:
+            self._gpu = gpu
+            self._rails = find_rails(self._sysfs)
+            self._thermal = find_gpu_thermal_zone(self._sysfs)
+            self._device = DeviceId(gpu="0", uuid=f"jetson-{serial or gpu.devfreq.name}")
+            self._info = {
+                "name": f"{model or 'NVIDIA Jetson'} ({gpu.chip})",
+                "vendor": "nvidia",
+                "memory": "shared",
+            }
+            if serial:
+                self._info["serial"] = serial
+            self._last_up = True
+        log.info(
+            "Jetson GPU %s at %s: load %s, thermal zone %s, rails %s",
+            gpu.chip,
+            gpu.devfreq,
+            "yes" if gpu.load else "not found",
+            self._thermal.name if self._thermal else "not found",
+            ", ".join(r.name for r in self._rails) or "not found",
+        )
+
+    def close(self) -> None:
+        with self._lock:
+            self._gpu = None
+
+    def healthy(self) -> bool:
+        return self._gpu is not None and self._last_up
+
+    # -- reading ---------------------------------------------------------------------------------
+
+    def _int(self, path: Path | None, what: str) -> int | None:
+        """An integer attribute; None and a counted error when missing, unreadable or not a number."""
+        if path is None:
+            return None
+        try:
+            return int(_read(path).split()[0])
+        except (OSError, ValueError, IndexError) as exc:
+            self.errors[what] += 1
+            log.debug("%s: cannot read %s: %s", what, path, exc)
+            return None
+
+    def read(self) -> list[DeviceSample]:
+        with self._lock:
+            gpu = self._gpu
+            if gpu is None:
+                return []
+            if not gpu.devfreq.is_dir():
+                self._last_up = False
+                self.errors["devfreq"] += 1
+                return [DeviceSample(self._device, False, {}, dict(self._info))]
+            values: dict[SeriesKey, float] = {}
+            enabled = self._enabled
+            if enabled("utilization"):
+                self._read_load(gpu, values)
+            if enabled("clocks"):
+                self._read_clocks(gpu, values)
+            if enabled("temperature"):
+                self._read_thermal(values)
+            if enabled("power"):
+                self._read_rails(values)
+            if enabled("memory"):
+                self._read_memory(values)
+            self._last_up = True
+            return [DeviceSample(self._device, True, values, dict(self._info))]
+
+    def _read_load(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
+        load = self._int(gpu.load, "load")
+        if load is not None:
+            if 0 <= load <= 1000:
+                values[("utilization", ())] = load / 1000
+            else:
+                self.errors["load"] += 1
+
+    def _read_clocks(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
+        for key, attr in (
+            ("clock_graphics", "cur_freq"),
+            ("clock_min_graphics", "min_freq"),
+            ("clock_max_graphics", "max_freq"),
+        ):
+            hertz = self._int(gpu.devfreq / attr, attr)
+            if hertz is not None and hertz >= 0:
+                values[(key, ())] = float(hertz)
+        try:
+            governor = _read(gpu.devfreq / "governor").split()
+        except OSError:
+            governor = []
+        if len(governor) == 1 and governor[0].isprintable():
+            values[("frequency_governor", (governor[0],))] = 1.0
+        else:
+            self.errors["governor"] += 1
+
+    def _read_thermal(self, values: dict[SeriesKey, float]) -> None:
+        if self._thermal is None:
+            return
+        milli = self._int(self._thermal / "temp", "temperature")
+        if milli is not None and milli > _NO_READING_MILLI_C:
+            values[("temp_gpu", ())] = milli / 1000
+
+    def _read_rails(self, values: dict[SeriesKey, float]) -> None:
+        for rail in self._rails:
+            if rail.power is not None:
+                milliwatts = self._int(rail.power, "rail")
+                watts = None if milliwatts is None else milliwatts / 1000
+            else:
+                millivolts = self._int(rail.voltage, "rail")
+                milliamps = self._int(rail.current, "rail") if millivolts is not None else None
+                watts = None if millivolts is None or milliamps is None else millivolts * milliamps / 1e6
+            if watts is None or watts < 0:
+                continue
+            values[("power_rail", (rail.name,))] = watts
+            if rail.name in INPUT_RAILS:
+                values[("board_power", ())] = watts
+            elif rail.name in GPU_RAILS:
+                values[("power", ())] = watts
+
+    def _read_memory(self, values: dict[SeriesKey, float]) -> None:
+        fields: dict[str, int] = {}
+        try:
+            with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
+                for line in handle:
+                    key, _, rest = line.partition(":")
+                    parts = rest.split()
+                    if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+                        fields[key] = int(parts[0]) * 1024  # kB
+        except OSError as exc:
+            log.debug("meminfo: %s", exc)
+        if "MemTotal" not in fields or "MemAvailable" not in fields:
+            self.errors["meminfo"] += 1
+            return
+        values[("memory_total", ())] = float(fields["MemTotal"])
+        values[("memory_used", ())] = float(max(0, fields["MemTotal"] - fields["MemAvailable"]))
+        values[("memory_free", ())] = float(min(fields["MemAvailable"], fields["MemTotal"]))
+
+
+def create(config: Config) -> JetsonBackend:
+    return JetsonBackend(config)
