@@ -20,13 +20,13 @@ from gpu_exporter import catalog
 from gpu_exporter.exposition import render
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
-from gpu_exporter.naming import DCGM_UNITS, dcgm_fields, dcgm_view
+from gpu_exporter.naming import ALIASES, DCGM_UNITS, dcgm_fields, dcgm_view
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = Path(__file__).parent / "fixtures" / "dcgm" / "default-counters.expected.csv"
 
 # From our base units (hertz, bytes, joules, ratios 0-1, ...) to the unit DCGM states.
-FACTOR = {"MHz": 1e-6, "MiB": 1 / 2**20, "mJ": 1e3, "%": 100.0}
+FACTOR = {"MHz": 1e-6, "MiB": 1 / 2**20, "mJ": 1e3, "%": 100.0, "KB": 1 / 1024}
 BASE = float(2**21)  # every reading in the test sample; 2 MiB, 2.097152 MHz, ...
 
 GPU0 = DeviceId("0", "GPU-aaaa")
@@ -86,6 +86,19 @@ def test_default_counters_served_with_dcgm_names_types_and_units() -> None:
             assert f"(in {row['unit']})" in family.documentation  # type: ignore[attr-defined]
 
 
+def test_dashboard_12239_finds_its_fields_and_labels() -> None:
+    lines = (Path(__file__).parent / "fixtures" / "dcgm" / "dashboard-12239.txt").read_text(encoding="utf-8")
+    charted = [ln.split() for ln in lines.splitlines() if ln and not ln.startswith("#")]
+    families = _families(_page())
+    for field, *absent in charted:
+        if absent:
+            assert field not in families
+            continue
+        samples = families[field].samples  # type: ignore[attr-defined]
+        assert {s.labels["gpu"] for s in samples} >= {"0", "1"}, field
+    assert {s.labels["gpu"] for s in families["DCGM_FI_DEV_GPU_TEMP"].samples} == {"0", "1"}  # type: ignore[attr-defined]
+
+
 def test_absent_default_counters_are_absent_and_documented() -> None:
     page = _page()
     docs = (ROOT / "docs" / "dcgm.md").read_text(encoding="utf-8")
@@ -98,7 +111,7 @@ def test_absent_default_counters_are_absent_and_documented() -> None:
 def test_every_dcgm_field_declares_a_unit_consistent_with_its_scale() -> None:
     """Beyond the defaults: each catalog field's scale converts our base unit into DCGM's."""
     fields = dcgm_fields()
-    assert {f.name for f in fields} <= set(DCGM_UNITS)
+    assert {f.name for f in fields} <= set(DCGM_UNITS) | {alias[1] for alias in ALIASES}
     for field in fields:
         assert field.scale == pytest.approx(FACTOR.get(field.unit, 1.0)), field.name
 

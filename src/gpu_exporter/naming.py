@@ -21,7 +21,7 @@ from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape, name_f
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId
 
-__all__ = ["DCGM_UNITS", "DcgmField", "dcgm_fields", "dcgm_labels", "dcgm_view"]
+__all__ = ["ALIASES", "DCGM_UNITS", "DcgmField", "dcgm_fields", "dcgm_labels", "dcgm_view"]
 
 # DCGM field -> (unit of the value dcgm-exporter serves, what it measures)
 DCGM_UNITS: dict[str, tuple[str, str]] = {
@@ -68,6 +68,13 @@ DCGM_UNITS: dict[str, tuple[str, str]] = {
     "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("ratio", "Ratio of cycles the fp16 pipe is active"),
 }
 
+# Fields of older dcgm-exporter releases' default list (and of Grafana dashboard 12239) for a quantity
+# the catalog maps to a newer field: served under both names. (catalog key, field, scale, type, unit, what)
+ALIASES: tuple[tuple[str, str, float, str, str, str], ...] = (
+    ("pcie_tx", "DCGM_FI_DEV_PCIE_TX_THROUGHPUT", 1 / 1024, "counter", "KB", "PCIe transmit throughput per second"),
+    ("pcie_rx", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 1 / 1024, "counter", "KB", "PCIe receive throughput per second"),
+)
+
 _UNITLESS = ("count", "bool", "ratio", "state", "generation", "lanes")
 
 
@@ -85,16 +92,24 @@ def dcgm_fields(metrics: Iterable[catalog.Metric] = catalog.CATALOG) -> tuple[Dc
     """One field per catalog key that has a DCGM name, in catalog order."""
     out: list[DcgmField] = []
     seen: set[str] = set()
+    keys: set[str] = set()
     for m in metrics:
         if not m.dcgm or m.labels:  # DCGM fields are one value per device: no dynamic labels
             continue
         if m.dcgm in seen:
             raise ValueError(f"two catalog keys map to {m.dcgm}")
         seen.add(m.dcgm)
+        keys.add(m.key)
         unit, what = DCGM_UNITS.get(m.dcgm, ("", m.help.rstrip(".")))
-        help_text = f"{what} (in {unit})." if unit and unit not in _UNITLESS else f"{what}."
-        out.append(DcgmField(m.key, m.dcgm, m.dcgm_type or "gauge", m.dcgm_scale, unit, help_text))
+        out.append(DcgmField(m.key, m.dcgm, m.dcgm_type or "gauge", m.dcgm_scale, unit, _help(what, unit)))
+    for key, name, scale, type_, unit, what in ALIASES:
+        if key in keys and name not in seen:
+            out.append(DcgmField(key, name, type_, scale, unit, _help(what, unit)))
     return tuple(out)
+
+
+def _help(what: str, unit: str) -> str:
+    return f"{what} (in {unit})." if unit and unit not in _UNITLESS else f"{what}."
 
 
 def dcgm_labels(
