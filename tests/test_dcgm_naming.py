@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import csv
-import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +19,8 @@ from gpu_exporter.exposition import render
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.naming import ALIASES, DCGM_UNITS, dcgm_fields, dcgm_view
+
+from .conftest import child_env, free_port, promtool_check
 
 ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = Path(__file__).parent / "fixtures" / "dcgm" / "default-counters.expected.csv"
@@ -190,12 +190,6 @@ def test_promtool_finds_only_dcgm_naming_style_complaints() -> None:
 # --- through the CLI -----------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def exporter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[int, Path]]:
     """The exporter on simulated GPUs; the fake driver's process PIDs live in a fixture /proc."""
@@ -204,7 +198,7 @@ def exporter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
     for pid in (4000, 4010):  # the simulated driver's one process on GPU 0 and GPU 1
         (proc / str(pid)).mkdir(parents=True)
         (proc / str(pid) / "cgroup").write_text(trainer)
-    port = _free_port()
+    port = free_port()
     args = [
         sys.executable,
         "-m",
@@ -220,7 +214,7 @@ def exporter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
         f"--k8s.kubelet-socket={tmp_path / 'none.sock'}",
         *request.param,
     ]
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    env = child_env()
     child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         yield port, tmp_path
@@ -268,13 +262,13 @@ def test_cli_native_page_has_pod_series(exporter: tuple[int, Path]) -> None:
     info = [ln for ln in page.splitlines() if ln.startswith("gpu_pod_info{")]
     assert len(info) == 2 and all('pod="trainer-0",container="trainer"' in ln for ln in info)
     assert "gpu_pod_memory_used_bytes{" in page and "gpu_utilization_ratio{" in page
+    promtool_check(page)  # the appended pod section keeps the whole page valid
 
 
 def test_cli_rejects_an_unknown_naming() -> None:
-    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
     result = subprocess.run(
         [sys.executable, "-m", "gpu_exporter", "--metrics.naming=prometheus"],
-        env=env,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=30,
