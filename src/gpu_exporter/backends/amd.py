@@ -18,11 +18,11 @@ import logging
 import math
 import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
@@ -54,16 +54,10 @@ _PCIE_GEN = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
 # AmdSmiGpuBlock names read for per-block ECC counts, and the label each gets
 _ECC_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
 
-_RETRY_MAX = 300.0
-
 _LIBRARY_NOT_FOUND = (
     "AMD SMI library not found (libamd_smi.so): check that ROCm's amd-smi-lib is installed and the "
     "container mounts it (set ROCM_PATH if it is not under /opt/rocm) and runs with /dev/kfd and /dev/dri"
 )
-
-
-class _Lost(Exception):
-    """The device stopped answering; the rest of its cycle is skipped."""
 
 
 @dataclass
@@ -72,9 +66,7 @@ class _Card:
     handle: Any
     id: DeviceId
     info: dict[str, str] = field(default_factory=dict)
-    up: bool = False
-    retry_at: float = 0.0
-    backoff: float = 0.0
+    live: Liveness = field(default_factory=Liveness)
 
 
 def _import_amdsmi() -> Any:
@@ -119,13 +111,17 @@ class AmdBackend:
     ) -> None:
         self._config = config
         self._smi = smi
-        self._retry_initial = retry_initial
         self._clock = clock
-        self.errors: Counter[str] = Counter()
+        self._calls = CallGuard(
+            log,
+            self._classify,
+            "amdsmi has no %s (older package?): those values are not collected",
+            describe=self._describe,
+        )
+        self.errors = self._calls.errors
+        self._backoff = Backoff(log, retry_initial, clock)
         self._lock = threading.Lock()
         self._cards: list[_Card] = []
-        self._unsupported: set[tuple[int, str]] = set()  # (device index, call) not asked again
-        self._missing: set[str] = set()  # functions the installed amdsmi lacks
         self._initialised = False
 
     # -- lifecycle -------------------------------------------------------------------------------
@@ -154,9 +150,9 @@ class AmdBackend:
             for card in self._cards:
                 try:
                     self._attach(card)
-                    card.up = True
-                except _Lost as exc:
-                    self._mark_lost(card, f"at start: {exc}")
+                    card.live.up = True
+                except Lost as exc:
+                    self._backoff.lost(card, f"at start: {exc}")
             log.info("AMD SMI: %d GPU(s): %s", len(handles), ", ".join(c.info.get("name", "?") for c in self._cards))
 
     @staticmethod
@@ -180,40 +176,28 @@ class AmdBackend:
             self._shutdown()
 
     def healthy(self) -> bool:
-        return self._initialised and any(c.up for c in self._cards)
+        return self._initialised and any(c.live.up for c in self._cards)
 
     # -- calls -----------------------------------------------------------------------------------
 
     def _call(self, index: int, call: str, *args: Any, label: str = "") -> Any:
-        """Call ``amdsmi.<call>(handle, *args)``; None when unsupported or failed (counted)."""
-        key = f"{call}:{label}" if label else call
-        if call in self._missing or (index, key) in self._unsupported:
-            return None
-        smi = self._smi
-        func: Callable[..., Any] | None = getattr(smi, call, None)
-        if func is None:
-            self._missing.add(call)
-            log.warning("amdsmi has no %s (older package?): those values are not collected", call)
-            return None
-        try:
-            return func(self._cards[index].handle, *args)
-        except smi.AmdSmiLibraryException as exc:
-            code = exc.get_error_code()
-            if code in _UNSUPPORTED:
-                self._unsupported.add((index, key))
-                log.debug("GPU %d: %s not supported", index, key)
-                return None
-            self.errors[call] += 1
-            if code in _LOST:
-                raise _Lost(f"{call}: status {code}") from None
-            log.debug("GPU %d: %s failed with status %s", index, key, code)
-        except Exception as exc:  # one bad call never fails the cycle
-            self.errors[call] += 1
-            log.debug("GPU %d: %s failed: %s", index, key, exc)
-        return None
+        """Call ``amdsmi.<call>(handle, *args)``; None when unsupported or failed (counted). Raises Lost."""
+        func = getattr(self._smi, call, None)
+        return self._calls.call(index, call, func, self._cards[index].handle, *args, variant=label)
+
+    def _classify(self, exc: Exception) -> Fault:
+        if not isinstance(exc, self._smi.AmdSmiLibraryException):
+            return Fault.ERROR  # one bad call never fails the cycle
+        code = exc.get_error_code()
+        return Fault.UNSUPPORTED if code in _UNSUPPORTED else Fault.LOST if code in _LOST else Fault.ERROR
+
+    def _describe(self, exc: Exception) -> str:
+        if isinstance(exc, self._smi.AmdSmiLibraryException):
+            return f"status {exc.get_error_code()}"  # its str() spans lines
+        return str(exc)
 
     def _attach(self, card: _Card) -> None:
-        """Static identity, read at open and when a lost card comes back; raises _Lost."""
+        """Static identity, read at open and when a lost card comes back; raises Lost."""
         index = card.index
         uuid = self._call(index, "amdsmi_get_gpu_device_uuid")
         bdf = self._call(index, "amdsmi_get_gpu_device_bdf")
@@ -235,13 +219,6 @@ class AmdBackend:
         uuid = uuid.strip() if isinstance(uuid, str) else ""
         card.id = DeviceId(str(index), uuid or f"amd-{info.get('pci_bus_id', index)}")
 
-    def _mark_lost(self, card: _Card, why: str) -> None:
-        if card.up or card.backoff == 0.0:
-            log.warning("GPU %d (%s) is not answering (%s); retrying with backoff", card.index, card.id.uuid, why)
-        card.up = False
-        card.backoff = min(_RETRY_MAX, card.backoff * 2 or self._retry_initial)
-        card.retry_at = self._clock() + card.backoff
-
     # -- reading ---------------------------------------------------------------------------------
 
     def read(self) -> list[DeviceSample]:
@@ -249,24 +226,15 @@ class AmdBackend:
             now = self._clock()
             out = []
             for card in self._cards:
-                if not card.up and now < card.retry_at:
-                    out.append(DeviceSample(card.id, False, info=dict(card.info)))
-                    continue
-                values: dict[SeriesKey, float] = {}
-                try:
-                    if not card.up:
-                        self._attach(card)
-                        log.warning("GPU %d (%s) is back", card.index, card.id.uuid)
-                    self._read_values(card.index, values)
-                    processes = self._read_processes(card.index, values)
-                except _Lost as exc:
-                    self._mark_lost(card, str(exc))
-                    out.append(DeviceSample(card.id, False, info=dict(card.info)))
-                    continue
-                card.up = True
-                card.backoff = 0.0
-                out.append(DeviceSample(card.id, True, values, dict(card.info), processes))
+                sample = self._backoff.poll(card, now, self._attach, self._read_card)
+                out.append(sample if sample is not None else DeviceSample(card.id, False, info=dict(card.info)))
             return out
+
+    def _read_card(self, card: _Card) -> DeviceSample:
+        values: dict[SeriesKey, float] = {}
+        self._read_values(card.index, values)
+        processes = self._read_processes(card.index, values)
+        return DeviceSample(card.id, True, values, dict(card.info), processes)
 
     def _read_values(self, index: int, values: dict[SeriesKey, float]) -> None:
         enabled = self._config.collector_enabled

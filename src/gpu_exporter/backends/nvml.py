@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from types import ModuleType
 from typing import Any
 
+from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
@@ -62,11 +63,6 @@ _FI_NVLINK_LINK_COUNT = 91
 _FI_NVLINK_TX = 138
 _FI_NVLINK_RX = 139
 _MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
-_RETRY_MAX = 300.0
-
-
-class _DeviceLost(Exception):
-    pass
 
 
 def _text(value: Any) -> str:
@@ -97,9 +93,7 @@ class _Device:
     id: DeviceId = field(default_factory=lambda: DeviceId("", ""))
     info: dict[str, str] = field(default_factory=dict)
     static: dict[SeriesKey, float] = field(default_factory=dict)  # values read once (max clocks)
-    up: bool = False
-    retry_at: float = 0.0
-    backoff: float = 0.0
+    live: Liveness = field(default_factory=Liveness)
     migs: list[_Mig] = field(default_factory=list)
     nvlinks: int = 0
     gpm: bool = False
@@ -128,12 +122,13 @@ class NvmlBackend:
     ) -> None:
         self._config = config
         self._nv: Any = nvml
-        self._retry_initial = retry_initial
         self._xid_wait_ms = xid_wait_ms  # how long one event wait blocks; bounds the time close() takes
+        self._calls = CallGuard(
+            log, self._classify, "%s is not in this NVIDIA driver; its metrics are skipped", missing_level=logging.INFO
+        )
+        self.errors = self._calls.errors
+        self._backoff = Backoff(log, retry_initial, clock)
         self._clock = clock
-        self.errors: Counter[str] = Counter()
-        self._unsupported: set[tuple[str, str]] = set()
-        self._missing: set[str] = set()
         self._devices: list[_Device] = []
         self._driver = ""
         self._cuda = ""
@@ -172,9 +167,9 @@ class NvmlBackend:
             device = _Device(index=index, id=DeviceId(str(index), ""))
             try:
                 self._attach(device)
-                device.up = True
-            except _DeviceLost:
-                self._mark_lost(device, "at start")
+                device.live.up = True
+            except Lost:
+                self._backoff.lost(device, "at start")
             self._devices.append(device)
         log.info(
             "NVML %s: %d GPU(s), driver %s, CUDA %s",
@@ -203,41 +198,36 @@ class NvmlBackend:
             self._opened = False
 
     def healthy(self) -> bool:
-        return self._opened and any(d.up for d in self._devices)
+        return self._opened and any(d.live.up for d in self._devices)
 
     # -- calls -----------------------------------------------------------------------------------
 
     def _call(self, device: _Device | _Mig, name: str, *args: Any, label: str = "", **kwargs: Any) -> Any:
-        """Call ``nvml.<name>``; None when the value is unavailable. Raises _DeviceLost.
+        """Call ``nvml.<name>``; None when the value is unavailable. Raises Lost.
 
         ``label`` names the call in error counts and caches when one function has two variants.
         """
-        fn_name, name = name, label or name
-        if name in self._missing or (device.scope, name) in self._unsupported:
-            return None
+        return self._calls.call(device.scope, label or name, getattr(self._nv, name), *args, **kwargs)
+
+    def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
-        try:
-            return getattr(nv, fn_name)(*args, **kwargs)
-        except (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument):
-            self._unsupported.add((device.scope, name))
-        except nv.NVMLError_FunctionNotFound:
-            self._missing.add(name)
-            log.info("%s is not in this NVIDIA driver; its metrics are skipped", name)
-        except (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired) as exc:
-            self.errors[name] += 1
-            raise _DeviceLost(f"{name}: {exc}") from None
-        except (nv.NVMLError_NotFound, nv.NVMLError_NoData):
-            pass  # nothing to report right now (no process samples yet)
-        except nv.NVMLError as exc:
-            self.errors[name] += 1
-            log.debug("GPU %s: %s failed: %s", device.scope, name, exc)
-        return None
+        if not isinstance(exc, nv.NVMLError):
+            return None
+        if isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument)):
+            return Fault.UNSUPPORTED
+        if isinstance(exc, nv.NVMLError_FunctionNotFound):
+            return Fault.MISSING
+        if isinstance(exc, (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired)):
+            return Fault.LOST
+        if isinstance(exc, (nv.NVMLError_NotFound, nv.NVMLError_NoData)):
+            return Fault.EMPTY  # nothing to report right now (no process samples yet)
+        return Fault.ERROR
 
     def _try(self, device: _Device, name: str, *args: Any) -> Any:
         """Like _call, for paths where a lost device is not news (cleanup, discovery extras)."""
         try:
             return self._call(device, name, *args)
-        except _DeviceLost:
+        except Lost:
             return None
 
     # -- discovery -------------------------------------------------------------------------------
@@ -248,11 +238,11 @@ class NvmlBackend:
         index = device.index
         handle = self._call(device, "nvmlDeviceGetHandleByIndex", index)
         if handle is None:
-            raise _DeviceLost("no handle")
+            raise Lost("no handle")
         device.handle = handle
         uuid = _text(self._call(device, "nvmlDeviceGetUUID", handle) or "")
         if not uuid:
-            raise _DeviceLost("no UUID")
+            raise Lost("no UUID")
         device.id = DeviceId(str(index), uuid)
         pci = self._call(device, "nvmlDeviceGetPciInfo", handle)
         minor = self._call(device, "nvmlDeviceGetMinorNumber", handle)
@@ -321,34 +311,9 @@ class NvmlBackend:
         out: list[DeviceSample] = []
         now = self._clock()
         for device in self._devices:
-            if not device.up and now < device.retry_at:
-                out.append(DeviceSample(device.id, False, info=device.info))
-                continue
-            try:
-                if not device.up:
-                    self._attach(device)
-                    log.warning("GPU %d (%s) is back", device.index, device.id.uuid)
-                samples = self._read_device(device)
-            except _DeviceLost as exc:
-                self._mark_lost(device, str(exc))
-                out.append(DeviceSample(device.id, False, info=device.info))
-                continue
-            device.up = True
-            device.backoff = 0.0
-            out.extend(samples)
+            samples = self._backoff.poll(device, now, self._attach, self._read_device)
+            out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
         return out
-
-    def _mark_lost(self, device: _Device, why: str) -> None:
-        if device.up or device.backoff == 0.0:
-            log.warning(
-                "GPU %d (%s) is not answering (%s); retrying with backoff",
-                device.index,
-                device.id.uuid or "unknown uuid",
-                why,
-            )
-        device.up = False
-        device.backoff = min(_RETRY_MAX, device.backoff * 2 or self._retry_initial)
-        device.retry_at = self._clock() + device.backoff
 
     def _read_device(self, device: _Device) -> list[DeviceSample]:
         enabled = self._config.collector_enabled
