@@ -95,10 +95,7 @@ def comparable(b: Batch) -> Any:
                 s.seq,
                 round(s.timestamp * 1000),
                 sorted(  # devices keep their order unless one joins mid-batch
-                    (
-                        (d.device, d.up, sorted((k, val(v)) for k, v in d.values.items()), d.info)
-                        for d in s.devices
-                    ),
+                    ((d.device, d.up, sorted((k, val(v)) for k, v in d.values.items()), d.info) for d in s.devices),
                     key=lambda t: (t[0].uuid, t[0].gpu),
                 ),
             )

@@ -642,6 +642,20 @@ def _check_forwarding(config: Config) -> None:
         raise ConfigError("TLS files are set but --mqtt.url is not mqtts://")
     if config.mqtt_password_file and not config.mqtt_username:
         raise ConfigError("--mqtt.password-file needs --mqtt.username")
+    if config.mqtt_url.startswith("mqtts://"):
+        import ssl
+
+        try:
+            ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
+        except (OSError, ssl.SSLError) as exc:
+            raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: not a CA bundle: {exc}") from None
+        if config.mqtt_tls_cert_file:
+            try:
+                ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
+            except (OSError, ssl.SSLError) as exc:
+                raise ConfigError(
+                    f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load certificate and key: {exc}"
+                ) from None
 
 
 def replace(config: Config, **changes: Any) -> Config:

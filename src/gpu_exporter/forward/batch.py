@@ -288,9 +288,7 @@ def _decode(data: bytes, max_bytes: int) -> Batch:
     except UnicodeDecodeError as exc:
         raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
-        raise PayloadError(
-            f"payload is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}"
-        ) from None
+        raise PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
     except RecursionError:
         raise PayloadError("payload JSON is nested too deeply") from None
     return from_document(doc)
@@ -386,9 +384,7 @@ def from_document(doc: Any) -> Batch:
                 continue
             per_sample[i].append(DeviceSample(device, bool(up[i]), values, dict(info)))
 
-    samples = tuple(
-        Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n)
-    )
+    samples = tuple(Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n))
     return Batch(node=node, boot=boot, samples=samples)
 
 
@@ -406,9 +402,7 @@ def _jtype(value: Any) -> str:
     return "an object"
 
 
-def _keys(
-    where: str, obj: dict[str, Any], allowed: frozenset[str], required: set[str] | frozenset[str]
-) -> None:
+def _keys(where: str, obj: dict[str, Any], allowed: frozenset[str], required: set[str] | frozenset[str]) -> None:
     missing = sorted(required - obj.keys())
     if missing:
         raise PayloadError(f"{where} lacks {', '.join(missing)}")

@@ -72,16 +72,13 @@ def tls_context(config: Config) -> ssl.SSLContext:
     try:
         ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(
-            f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: cannot load: {_reason(exc)}"
-        ) from None
+        raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: cannot load: {_reason(exc)}") from None
     if config.mqtt_tls_cert_file:
         try:
             ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
-                f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load the certificate and key: "
-                f"{_reason(exc)}"
+                f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load the certificate and key: {_reason(exc)}"
             ) from None
     return ctx
 
@@ -177,6 +174,7 @@ class Link:
         if client is None:
             return
         if self.state == "up":
+            self.state = "closing"  # our own DISCONNECT is no lost connection
             if status is not None:
                 client.publish(self.will_topic, status, qos=1, retain=True)
             client.disconnect()
@@ -256,9 +254,7 @@ class Link:
                 self._fail("refused", f"broker at {self._where()} refused the connection: {name}")
             return
         if self._last_error:
-            log.info(
-                "connected to MQTT broker at %s after %d failed attempt(s)", self._where(), self._attempt
-            )
+            log.info("connected to MQTT broker at %s after %d failed attempt(s)", self._where(), self._attempt)
         else:
             log.info("connected to MQTT broker at %s", self._where())
         self.state = "up"
@@ -272,7 +268,7 @@ class Link:
     def _disconnected(
         self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Properties | None
     ) -> None:
-        if client is not self._client or self.state == "down":
+        if client is not self._client or self.state in ("down", "closing"):
             return
         what = reason.getName() if isinstance(reason, ReasonCode) else str(reason)
         self._fail("lost", f"connection to broker at {self._where()} lost: {what}")

@@ -57,9 +57,7 @@ class _Metrics:
         )
         self.spool_batches = Gauge(p + "spool_batches", "Batches waiting in the spool.", registry=r)
         self.spool_bytes = Gauge(p + "spool_bytes", "Payload bytes waiting in the spool.", registry=r)
-        self.spool_oldest = Gauge(
-            p + "spool_oldest_age_seconds", "Age of the oldest batch in the spool.", registry=r
-        )
+        self.spool_oldest = Gauge(p + "spool_oldest_age_seconds", "Age of the oldest batch in the spool.", registry=r)
         self.spool_errors = Counter(
             p + "spool_write_errors",
             "Spool writes the disk refused (full, read-only, I/O error).",
@@ -235,9 +233,7 @@ class Forwarder:
         else:
             self._live.extend(entries)
 
-    def _store(
-        self, samples: list[Sample], journal: list[str], node: str = "", boot: str = ""
-    ) -> list[Entry]:
+    def _store(self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "") -> list[Entry]:
         """Encode (splitting what exceeds --mqtt.batch-max-bytes) and spool; journal keys go with it."""
         data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))
         devices = sum(max(1, len(s.devices)) for s in samples)

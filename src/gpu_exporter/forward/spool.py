@@ -160,9 +160,7 @@ class Spool:
 
     # ------------------------------------------------------------------------------------- queue
 
-    def put(
-        self, data: bytes, first_seq: int, last_seq: int, samples: int, journal: Sequence[str] = ()
-    ) -> Entry:
+    def put(self, data: bytes, first_seq: int, last_seq: int, samples: int, journal: Sequence[str] = ()) -> Entry:
         """Store a batch (and forget the journal keys it replaces, in the same transaction)."""
         self._counter += 1
         entry = Entry(self._counter, int(self._clock() * 1000), len(data), first_seq, last_seq, samples)

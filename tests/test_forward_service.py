@@ -1,0 +1,229 @@
+"""The forwarder in-process against a real Mosquitto: every sample arrives, or its loss is counted."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from gpu_exporter import config as cfg
+from gpu_exporter.forward.batch import Batch, encode
+from gpu_exporter.forward.service import Forwarder
+from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.ring import RingBuffer
+from mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
+
+pytestmark = pytest.mark.integration
+
+DEVICES = (DeviceId("0", "GPU-0000"), DeviceId("1", "GPU-1111"))
+
+
+def make_sample(seq: int, noisy: bool = False) -> Sample:
+    """NVML-like readings; ``noisy`` adds full-precision random values that compress poorly."""
+    devs = tuple(
+        DeviceSample(
+            d,
+            True,
+            {
+                ("utilization", ()): (seq * 7 + i) % 101 / 100,
+                ("power", ()): 200 + (seq % 1000) / 1000,
+                ("memory_used", ()): float(2**30 + seq * 4096),
+                **({("sm_active", ()): random.random(), ("tensor_active", ()): random.random()} if noisy else {}),
+            },
+            {"name": "sim"},
+        )
+        for i, d in enumerate(DEVICES)
+    )
+    return Sample(seq, time.time(), devs)
+
+
+class Feeder:
+    """Appends a sample to the ring every ``interval`` seconds, like the sampler."""
+
+    def __init__(self, ring: RingBuffer, interval: float = 0.02, noisy: bool = False) -> None:
+        self.ring = ring
+        self.noisy = noisy
+        self.interval = interval
+        self.seq = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            self.seq += 1
+            self.ring.append(make_sample(self.seq, self.noisy))
+
+    def __enter__(self) -> Feeder:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join(5)
+
+
+def make_config(tmp_path: Path, broker: Broker, **overrides: str) -> cfg.Config:
+    args = {
+        "mqtt.url": broker.url,
+        "node-name": "node-a",
+        "spool.dir": str(tmp_path / "spool"),
+        "mqtt.batch-interval": "200ms",
+        "mqtt.reconnect-max-delay": "500ms",
+        "spool.replay-rate": "200",
+        **overrides,
+    }
+    return cfg.load(args, environ={})
+
+
+def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
+    value = registry.get_sample_value(name, labels)
+    return 0.0 if value is None else value
+
+
+@pytest.fixture
+def running(tmp_path: Path, broker: Broker) -> Iterator[Any]:
+    """A forwarder factory; every forwarder started is stopped at the end."""
+    started: list[Forwarder] = []
+
+    def start(ring: RingBuffer, **overrides: str) -> tuple[Forwarder, CollectorRegistry]:
+        registry = CollectorRegistry()
+        fwd = Forwarder(make_config(tmp_path, broker, **overrides), ring, registry)
+        fwd.start()
+        started.append(fwd)
+        assert fwd.ready.wait(10)
+        return fwd, registry
+
+    yield start
+    for fwd in started:
+        fwd.stop(5)
+
+
+def contiguous(seqs: set[int]) -> bool:
+    return bool(seqs) and seqs == set(range(1, max(seqs) + 1))
+
+
+@pytest.mark.parametrize("protocol", ["5", "3.1.1"])
+def test_every_sample_arrives_once_in_order_and_the_spool_empties(broker: Broker, running: Any, protocol: str) -> None:
+    ring = RingBuffer(256)
+    with Collector(broker) as sub:
+        fwd, registry = running(ring, **{"mqtt.protocol": protocol})
+        with Feeder(ring):
+            assert wait_until(lambda: sub.count() >= 40, 20)
+        last = ring.latest()
+        assert last is not None
+        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 10)
+        fwd.stop(5)
+        assert wait_until(lambda: sub.status.get("gpu-exporter/node-a/status") == b"offline", 5)
+        seqs = sub.seqs()[fwd.boot]
+        assert seqs == set(range(1, last.seq + 1))
+        assert sub.count() == last.seq  # no duplicates on a healthy link
+        assert [b.node for b in sub.batches] == ["node-a"] * len(sub.batches)
+        firsts = [o[1] for o in sub.order]
+        assert firsts == sorted(firsts)
+        assert metric(registry, "gpu_exporter_forward_published_samples_total") == last.seq
+        assert metric(registry, "gpu_exporter_forward_spool_batches") == 0
+        assert len(Spool(str(Path(fwd.config.spool_dir)), 1 << 30, 1e9).open()) == 0  # journal empty
+        sample = sub.batches[0].samples[0]
+        assert sample.devices[0].values[("memory_used", ())] == float(2**30 + sample.seq * 4096)
+
+
+def test_broker_outage_spools_then_sends_newest_first_and_loses_nothing(broker: Broker, running: Any) -> None:
+    ring = RingBuffer(1024)
+    with Collector(broker) as sub:
+        fwd, registry = running(ring, **{"spool.replay-rate": "5"})
+        with Feeder(ring):
+            assert wait_until(lambda: sub.count() >= 10, 10)
+            broker.stop()
+            assert wait_until(lambda: metric(registry, "gpu_exporter_forward_connected") == 0, 5)
+            time.sleep(4)  # samples keep coming; batches pile up in the spool
+            spooled = metric(registry, "gpu_exporter_forward_spool_batches")
+            assert spooled >= 4
+            assert metric(registry, "gpu_exporter_forward_spool_oldest_age_seconds") > 1
+            arrived_before = len(sub.order)
+            broker.start()
+            assert wait_until(lambda: metric(registry, "gpu_exporter_forward_connected") == 1, 10)
+            assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 20)
+        last = ring.latest()
+        assert last is not None
+        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 10)
+        assert contiguous(sub.seqs()[fwd.boot])
+        after = sub.order[arrived_before:]
+        # The first batch after the outage is the newest of the spooled data; the backlog follows.
+        first_after = after[0]
+        backlog = [o for o in after[1:] if o[2] < first_after[1]]
+        assert len(backlog) >= 3
+        assert [o[1] for o in backlog] == sorted(o[1] for o in backlog)  # oldest first behind it
+        # While the broker was away, batches grew: fewer, larger messages than on a healthy link.
+        sizes = [o[2] - o[1] + 1 for o in after]
+        healthy = [o[2] - o[1] + 1 for o in sub.order[:arrived_before]]
+        assert max(sizes) > 2 * max(healthy)
+        assert metric(registry, "gpu_exporter_forward_connect_errors_total", kind="lost") >= 1
+
+
+def test_spool_cap_drops_oldest_batches_and_counts_every_lost_sample(
+    tmp_path: Path, broker: Broker, running: Any
+) -> None:
+    ring = RingBuffer(4096)
+    with Collector(broker) as sub:
+        broker.stop()
+        fwd, registry = running(ring, **{"spool.max-bytes": "64KiB", "mqtt.batch-interval": "50ms"})
+        with Feeder(ring, interval=0.005, noisy=True):
+            assert wait_until(
+                lambda: metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="max_bytes") >= 3, 30
+            )
+        assert metric(registry, "gpu_exporter_forward_spool_bytes") <= 64 * 1024
+        broker.start()
+        last = ring.latest()
+        assert last is not None
+        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 30)
+        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 10)
+        got = sub.seqs()[fwd.boot]
+        lost = set(range(1, last.seq + 1)) - got
+        assert lost, "the cap was reached, something must have been dropped"
+        assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="max_bytes") == len(lost)
+        assert min(lost) == 1  # the oldest went first
+        assert max(lost) < min(got - set(range(1, min(lost))))  # ... and only the oldest
+
+
+def test_a_corrupt_spool_entry_is_moved_aside_and_counted(tmp_path: Path, broker: Broker, running: Any) -> None:
+    spool_dir = tmp_path / "spool"
+    old = Spool(str(spool_dir), 1 << 30, 1e9)
+    old.open()
+    old_boot = "0ldb00t"
+    good = encode(Batch("node-a", old_boot, (make_sample(1), make_sample(2))))
+    old.put(good, 1, 2, 2)
+    old.put(b"\x1f\x8b not gzip at all", 3, 4, 2)
+    old.put(encode(Batch("node-a", old_boot, (make_sample(5),))), 5, 5, 1)
+    old.close()
+    ring = RingBuffer(64)
+    with Collector(broker) as sub:
+        _, registry = running(ring)
+        assert wait_until(lambda: old_boot in sub.seqs() and len(sub.seqs()[old_boot]) == 3, 10)
+        assert sub.seqs()[old_boot] == {1, 2, 5}
+        assert metric(registry, "gpu_exporter_forward_dropped_batches_total", reason="corrupt") == 1
+        assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="corrupt") == 2
+        aside = list((spool_dir / "corrupt").iterdir())
+        assert len(aside) == 1 and aside[0].read_bytes() == b"\x1f\x8b not gzip at all"
+        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 5)
+
+
+def test_samples_of_a_killed_run_are_recovered_from_the_journal(tmp_path: Path, broker: Broker, running: Any) -> None:
+    spool_dir = tmp_path / "spool"
+    killed = Spool(str(spool_dir), 1 << 30, 1e9)
+    killed.open()
+    for seq in (1, 2, 3):
+        killed.journal("deadb00t", seq, encode(Batch("node-a", "deadb00t", (make_sample(seq),))))
+    killed.close()  # what a SIGKILL leaves: journaled samples, no batch
+    with Collector(broker) as sub:
+        running(RingBuffer(64))
+        assert wait_until(lambda: sub.seqs().get("deadb00t") == {1, 2, 3}, 10)
+    after = Spool(str(spool_dir), 1 << 30, 1e9)
+    assert after.open() == []
+    assert Entry.parse("q.000000000001.1.2.3.4.5") == Entry(1, 1, 2, 3, 4, 5)
