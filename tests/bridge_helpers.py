@@ -151,9 +151,7 @@ def make_batch(
     return Batch(node, boot, tuple(samples))
 
 
-def expected_points(
-    batch: Batch, node_label: str = "node"
-) -> set[tuple[frozenset[tuple[str, str]], int, float]]:
+def expected_points(batch: Batch, node_label: str = "node") -> set[tuple[frozenset[tuple[str, str]], int, float]]:
     """Every (labels, timestamp ms, value) a receiver should hold for ``batch``'s device metrics."""
     out = set()
     for sample in batch.samples:

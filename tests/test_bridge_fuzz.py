@@ -12,9 +12,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from bridge_helpers import ScriptedReceiver, make_batch
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
 from gpu_exporter.forward.batch import encode
+
+from .bridge_helpers import ScriptedReceiver, make_batch
 
 VALID = encode(make_batch("edge-1", "boot", [1, 2, 3], 1_700_000_000.0), compress=False)
 

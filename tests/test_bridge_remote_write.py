@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-import itertools
 import math
 
 import cramjam
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bridge_helpers import decode_write_request
 from gpu_exporter.bridge.remote_write import (
     HEADERS,
     Series,
@@ -19,6 +17,8 @@ from gpu_exporter.bridge.remote_write import (
     split_by_samples,
     split_by_time,
 )
+
+from .bridge_helpers import decode_write_request
 
 
 def test_write_request_round_trips_with_sorted_labels_and_exact_values() -> None:
@@ -90,28 +90,29 @@ def test_compression_is_the_snappy_block_format_and_headers_follow_the_spec() ->
 
 
 def _points(requests: list[list[Series]]) -> set[tuple[tuple[tuple[str, str], ...], int, float]]:
-    return {
-        (s.labels, t, v) for r in requests for s in r for t, v in zip(s.timestamps, s.values, strict=True)
-    }
+    return {(s.labels, t, v) for r in requests for s in r for t, v in zip(s.timestamps, s.values, strict=True)}
 
 
-def test_large_batches_are_split_into_bounded_requests_along_time() -> None:
-    stamps = list(range(0, 100_000, 1000))
+def test_large_writes_are_split_into_bounded_requests_keeping_series_whole() -> None:
+    stamps = list(range(0, 40_000, 1000))
     series = [Series((("__name__", f"m{i}"),), stamps, [float(i)] * len(stamps)) for i in range(30)]
     requests = split_by_samples(series, 250)
     assert all(sum(len(s) for s in r) <= 250 for r in requests)
+    assert sum(sum(len(s) for s in r) for r in requests) == 1200
     assert _points(requests) == _points([series])
-    assert sum(sum(len(s) for s in r) for r in requests) == 3000
-    # each request covers a time range after the previous one
-    ranges = [(min(s.timestamps[0] for s in r), max(s.timestamps[-1] for s in r)) for r in requests]
-    assert all(a[1] < b[0] for a, b in itertools.pairwise(ranges))
+    names = [s.labels for r in requests for s in r]
+    assert len(names) == len(set(names)) == 30  # no series cut in two
 
 
-def test_a_single_timestamp_wider_than_a_request_is_split_by_series() -> None:
-    series = [Series((("__name__", f"m{i}"),), [5], [1.0]) for i in range(7)]
-    requests = split_by_samples(series, 3)
-    assert [sum(len(s) for s in r) for r in requests] == [3, 3, 1]
-    assert _points(requests) == _points([series])
+def test_a_series_longer_than_a_request_is_cut_along_time_oldest_first() -> None:
+    long = Series((("__name__", "long"),), list(range(1000)), [float(i) for i in range(1000)])
+    short = Series((("__name__", "short"),), [5], [1.0])
+    requests = split_by_samples([short, long], 300)
+    assert all(sum(len(s) for s in r) <= 300 for r in requests)
+    assert _points(requests) == _points([[short, long]])
+    parts = [s for r in requests for s in r if s.labels == long.labels]
+    assert [p.timestamps[0] for p in parts] == [0, 300, 600, 900]
+    assert all(p.timestamps == sorted(p.timestamps) for p in parts)
 
 
 def test_split_by_time_halves_and_stops_at_one_timestamp() -> None:

@@ -12,11 +12,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge_helpers import ScriptedReceiver
 from gpu_exporter.bridge.metrics import BridgeMetrics
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
-from tsdb import PrometheusServer, VictoriaMetricsServer
+
+from .bridge_helpers import ScriptedReceiver
+from .tsdb import PrometheusServer, VictoriaMetricsServer
 
 pytestmark = pytest.mark.integration
 
@@ -85,17 +86,13 @@ def test_prometheus_too_old_samples_are_dropped_and_counted_and_newer_ones_land(
     writer = RemoteWriter(prometheus.write_url, max_samples=10_000, metrics=BridgeMetrics(registry))
     outcome = writer.write(series)
     stored = prometheus.samples("t_too_old")
-    expected = {
-        k: [p for p in v if p[0] >= now - 3 * 3600_000 + 120_000] for k, v in _expected(series).items()
-    }
+    expected = {k: [p for p in v if p[0] >= now - 3 * 3600_000 + 120_000] for k, v in _expected(series).items()}
     for key, points in stored.items():
         assert set(expected[key]) <= set(points)  # every sample inside the window is there
         assert set(points) <= set(_expected(series)[key])
     written = sum(len(v) for v in stored.values())
     assert outcome.written == written and outcome.rejected == 602 - written
-    assert (
-        _metric(registry, "gpu_exporter_bridge_samples_rejected_total", reason="too_old") == outcome.rejected
-    )
+    assert _metric(registry, "gpu_exporter_bridge_samples_rejected_total", reason="too_old") == outcome.rejected
     assert outcome.requests <= 40  # halving along time (~4 log2 n), not one request per timestamp
     assert _metric(registry, "gpu_exporter_bridge_write_errors_total", reason="server") == 0
 

@@ -11,10 +11,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from bridge_helpers import Publisher, expected_points, make_batch, stored_points
 from gpu_exporter.bridge.service import Bridge, BridgeSettings
 from gpu_exporter.forward.batch import encode
-from tsdb import MosquittoServer, PrometheusServer, VictoriaMetricsServer, wait_until
+
+from .bridge_helpers import Publisher, expected_points, make_batch, stored_points
+from .tsdb import MosquittoServer, PrometheusServer, VictoriaMetricsServer, wait_until
 
 pytestmark = pytest.mark.integration
 
@@ -74,8 +75,7 @@ def test_batches_arrive_in_prometheus_with_original_timestamps_and_node_label(
     node = _node()
     t0 = time.time() - 3600  # an hour-old backlog, inside the out-of-order window
     batches = [
-        make_batch(node, "boot-1", list(range(i * 10 + 1, i * 10 + 11)), t0 + i * 50, mig=True)
-        for i in range(6)
+        make_batch(node, "boot-1", list(range(i * 10 + 1, i * 10 + 11)), t0 + i * 50, mig=True) for i in range(6)
     ]
     bridge = Running(broker, prometheus.write_url, client_id=f"b-{node}")
     pub = Publisher(broker.port)
@@ -150,10 +150,7 @@ def test_bad_payloads_are_acked_dropped_counted_per_node_and_the_stream_goes_on(
         )
         assert bridge.value("gpu_exporter_bridge_payloads_dropped_total", node=node, reason="malformed") == 2
         assert bridge.value("gpu_exporter_bridge_payloads_dropped_total", node=node, reason="oversized") == 1
-        assert (
-            bridge.value("gpu_exporter_bridge_payloads_dropped_total", node="other-node", reason="malformed")
-            == 1
-        )
+        assert bridge.value("gpu_exporter_bridge_payloads_dropped_total", node="other-node", reason="malformed") == 1
         warnings = [r.getMessage() for r in caplog.records if "dropped a" in r.getMessage()]
         assert len([w for w in warnings if node in w]) == 1  # once per node
         assert want_in(prometheus, good)
@@ -181,9 +178,7 @@ def test_nothing_is_acked_before_it_is_written(tmp_path: Path, broker: Mosquitto
     node = _node()
     server = PrometheusServer(tmp_path / "prom", ooo_window="2h")
     client_id = f"b-{node}"
-    batches = [
-        make_batch(node, "b", list(range(i * 5 + 1, i * 5 + 6)), time.time() - 300 + i * 25) for i in range(4)
-    ]
+    batches = [make_batch(node, "b", list(range(i * 5 + 1, i * 5 + 6)), time.time() - 300 + i * 25) for i in range(4)]
     first = Running(broker, server.write_url, client_id=client_id)
     pub = Publisher(broker.port)
     try:
@@ -237,9 +232,7 @@ def test_node_liveness_from_retained_status(broker: MosquittoServer, prometheus:
         bridge.stop()
 
 
-def test_mqtt_session_is_persistent_with_manual_ack(
-    broker: MosquittoServer, prometheus: PrometheusServer
-) -> None:
+def test_mqtt_session_is_persistent_with_manual_ack(broker: MosquittoServer, prometheus: PrometheusServer) -> None:
     bridge = Running(broker, prometheus.write_url, client_id="persist", session_expiry=600, group="g1")
     try:
         assert bridge.bridge.batch_topic == "$share/g1/t/+/batch"

@@ -70,9 +70,7 @@ class Server:
 
     def start(self, timeout: float = 30.0) -> None:
         with open(self.log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL
-            )
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
             wait_until(lambda: self._alive() and self.ready(), timeout, f"{self.name} to be ready")
         except TimeoutError:

@@ -15,19 +15,29 @@ from __future__ import annotations
 
 import itertools
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpu_exporter import catalog
-from gpu_exporter.bridge.remote_write import LabelSet, Series
-from gpu_exporter.forward.batch import Batch
-from gpu_exporter.model import DeviceId, Sample
+from gpu_exporter.bridge.columns import ColumnBatch
+from gpu_exporter.bridge.remote_write import LabelSet, Series, encode_labels
+from gpu_exporter.model import DeviceId
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
 UP_METRIC = "gpu_up"
 INFO_METRIC = "gpu_info"
 _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+
+
+class _Entry:
+    """A series' label set and its encoded Label fields; compared by identity, which is cheap."""
+
+    __slots__ = ("block", "labels")
+
+    def __init__(self, labels: LabelSet) -> None:
+        self.labels = labels
+        self.block = encode_labels(labels)
 
 
 @dataclass
@@ -46,10 +56,10 @@ class Converter:
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
         self._cache_size = cache_size
-        self._devices: dict[tuple[str, DeviceId], dict[object, LabelSet | None]] = {}
+        self._devices: dict[tuple[str, DeviceId], dict[object, _Entry | None]] = {}
         self._cached = 0
 
-    def _device_cache(self, node: str, device: DeviceId) -> dict[object, LabelSet | None]:
+    def _device_cache(self, node: str, device: DeviceId) -> dict[object, _Entry | None]:
         key = (node, device)
         cache = self._devices.get(key)
         if cache is None:
@@ -63,10 +73,10 @@ class Converter:
         self,
         node: str,
         device: DeviceId,
-        cache: dict[object, LabelSet | None],
+        cache: dict[object, _Entry | None],
         series: tuple[str, tuple[str, ...]],
-    ) -> LabelSet | None:
-        """The label set of one catalog series on one device, None for an unknown key."""
+    ) -> _Entry | None:
+        """The labels of one catalog series on one device, None for an unknown key."""
         try:
             return cache[series]
         except KeyError:
@@ -75,60 +85,83 @@ class Converter:
         try:
             metric = catalog.by_key(key)
         except KeyError:
-            labels: LabelSet | None = None
+            entry: _Entry | None = None
         else:
             pairs = [("__name__", metric.name), *device.labels(), *metric.const_labels]
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
-            labels = tuple(sorted(pairs))
-        cache[series] = labels
+            entry = _Entry(tuple(sorted(pairs)))
+        cache[series] = entry
         self._cached += 1
-        return labels
+        return entry
 
-    def convert(self, batches: Iterable[tuple[Batch, Sequence[Sample]]]) -> Converted:
-        """Series for the given samples of each batch (the ones not written before)."""
+    def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
+        """Series for each batch's samples at the given positions (None: all of them)."""
         out = Converted()
-        # label set -> parts (timestamp list, values), in the order the batches come
-        parts: dict[LabelSet, list[tuple[list[int], list[float]]]] = {}
-        ordered = sorted(((b, s) for b, s in batches if s), key=lambda bs: bs[1][0].timestamp)
-        for batch, samples in ordered:
+        # label set -> parts (timestamp list, values), oldest batch first
+        parts: dict[_Entry, list[tuple[list[int], list[float]]]] = {}
+
+        def add(labels: _Entry, stamps: list[int], values: list[float]) -> None:
+            found = parts.get(labels)
+            if found is None:
+                parts[labels] = [(stamps, values)]
+            else:
+                found.append((stamps, values))
+
+        def first_time(item: tuple[ColumnBatch, list[int] | None]) -> int:
+            batch, keep = item
+            return batch.times_ms[keep[0] if keep else 0]
+
+        for batch, keep in sorted((i for i in items if i[1] is None or i[1]), key=first_time):
             node = batch.node
-            n = len(samples)
-            stamps = [round(s.timestamp * 1000) for s in samples]
-            newest = max(stamps)
-            if out.newest_ms is None or newest > out.newest_ms:
-                out.newest_ms = newest
-            columns: dict[LabelSet, tuple[list[int], list[float]]] = {}
-            for i, sample in enumerate(samples):
-                ts = stamps[i]
-                for dev in sample.devices:
-                    out.gpu_samples += 1
-                    cache = self._device_cache(node, dev.device)
-                    for labels, value in self._device_series(node, dev.device, dev.up, dev.info, cache):
-                        col = columns.get(labels)
-                        if col is None:
-                            col = columns[labels] = ([], [])
-                        col[0].append(ts)
-                        col[1].append(value)
-                    if not dev.up:  # like the /metrics page: a device that did not answer has no values
+            times = batch.times_ms if keep is None else [batch.times_ms[i] for i in keep]
+            n = len(times)
+            if out.newest_ms is None or times[-1] > out.newest_ms:
+                out.newest_ms = max(times)
+            for dev in batch.devices:
+                cache = self._device_cache(node, dev.device)
+                up = dev.up if keep is None else [dev.up[i] for i in keep]
+                if None not in up and 0 not in up:  # the common case: present and answering throughout
+                    present = answering = None
+                    out.gpu_samples += n
+                    stamps_up = stamps_ok = times
+                    flags = [1.0] * n
+                else:
+                    present = [i for i, u in enumerate(up) if u is not None]
+                    answering = [i for i in present if up[i]]
+                    out.gpu_samples += len(present)
+                    stamps_up = [times[i] for i in present]
+                    stamps_ok = [times[i] for i in answering]
+                    flags = [float(up[i]) for i in present]  # type: ignore[arg-type]
+                if not stamps_up:
+                    continue
+                up_labels, info_labels = self._device_labels(node, dev.device, dev.info, cache)
+                add(up_labels, stamps_up, flags)
+                if info_labels is not None:
+                    add(info_labels, stamps_up, [1.0] * len(stamps_up))
+                if not stamps_ok:
+                    continue  # like the /metrics page: a device that did not answer has no values
+                for j, col in enumerate(dev.columns):
+                    if col is None:
                         continue
-                    for series, value in dev.values.items():
-                        found = self._labels(node, dev.device, cache, series)
-                        if found is None:
-                            out.unknown_keys.add(series[0])
-                            continue
-                        col = columns.get(found)
-                        if col is None:
-                            col = columns[found] = ([], [])
-                        col[0].append(ts)
-                        col[1].append(value)
-            for labels, (ts_list, values) in columns.items():
-                # a full column shares the batch's timestamp list (one packing plan for all of them)
-                parts.setdefault(labels, []).append((stamps if len(ts_list) == n else ts_list, values))
+                    labels = self._labels(node, dev.device, cache, batch.metrics[j])
+                    if labels is None:
+                        out.unknown_keys.add(batch.metrics[j][0])
+                        continue
+                    if keep is not None:
+                        col = [col[i] for i in keep]
+                    if answering is None and None not in col:
+                        add(labels, times, col)  # type: ignore[arg-type]
+                        continue
+                    positions = range(n) if answering is None else answering
+                    points = [(times[i], v) for i in positions if (v := col[i]) is not None]
+                    if points:
+                        add(labels, [t for t, _ in points], [v for _, v in points])
         joined: dict[tuple[int, ...], list[int]] = {}
-        for labels, pieces in parts.items():
+        for entry, pieces in parts.items():
+            names = entry.labels
             if len(pieces) == 1:
-                out.series.append(Series(labels, pieces[0][0], pieces[0][1]))
+                out.series.append(Series(names, pieces[0][0], pieces[0][1], entry.block))
                 continue
             ids = tuple(id(p[0]) for p in pieces)
             ts_all = joined.get(ids)
@@ -136,35 +169,32 @@ class Converter:
                 ts_all = joined[ids] = [t for p in pieces for t in p[0]]
             values = [v for p in pieces for v in p[1]]
             if any(b <= a for a, b in itertools.pairwise(ts_all)):
-                points = sorted(dict(zip(ts_all, values, strict=True)).items())
-                out.series.append(Series(labels, [t for t, _ in points], [v for _, v in points]))
+                merged = sorted(dict(zip(ts_all, values, strict=True)).items())
+                out.series.append(Series(names, [t for t, _ in merged], [v for _, v in merged], entry.block))
             else:
-                out.series.append(Series(labels, ts_all, values))
+                out.series.append(Series(names, ts_all, values, entry.block))
         return out
 
-    def _device_series(
-        self,
-        node: str,
-        device: DeviceId,
-        up: bool,
-        info: dict[str, str],
-        cache: dict[object, LabelSet | None],
-    ) -> list[tuple[LabelSet, float]]:
+    def _device_labels(
+        self, node: str, device: DeviceId, info: dict[str, str], cache: dict[object, _Entry | None]
+    ) -> tuple[_Entry, _Entry | None]:
+        """The label sets of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
         up_labels = cache.get(UP_METRIC)
         if up_labels is None:
-            up_labels = cache[UP_METRIC] = tuple(
-                sorted([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
+            up_labels = cache[UP_METRIC] = _Entry(
+                tuple(sorted([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)]))
             )
-        out = [(up_labels, 1.0 if up else 0.0)]
-        if info:
-            info_key = (INFO_METRIC, tuple(info.items()))
-            info_labels = cache.get(info_key)
-            if info_labels is None:
-                pairs = dict(info_key[1])
-                pairs.update(device.labels())
-                pairs["__name__"] = INFO_METRIC
-                pairs[self.node_label] = node
-                info_labels = cache[info_key] = tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k)))
-                self._cached += 1
-            out.append((info_labels, 1.0))
-        return out
+        if not info:
+            return up_labels, None
+        info_key = (INFO_METRIC, tuple(info.items()))
+        info_labels = cache.get(info_key)
+        if info_labels is None:
+            pairs = dict(info_key[1])
+            pairs.update(device.labels())
+            pairs["__name__"] = INFO_METRIC
+            pairs[self.node_label] = node
+            info_labels = cache[info_key] = _Entry(
+                tuple(sorted((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k)))
+            )
+            self._cached += 1
+        return up_labels, info_labels

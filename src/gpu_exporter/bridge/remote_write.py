@@ -27,6 +27,7 @@ __all__ = [
     "Series",
     "WriteEncoder",
     "compress",
+    "encode_labels",
     "encode_varint",
     "split_by_samples",
     "split_by_time",
@@ -49,6 +50,7 @@ class Series:
     labels: LabelSet
     timestamps: list[int] = field(default_factory=list)
     values: list[float] = field(default_factory=list)
+    encoded_labels: bytes = b""  # the Label fields of ``labels`` if the caller has them cached
 
     def __len__(self) -> int:
         return len(self.timestamps)
@@ -70,7 +72,8 @@ def _field(tag: int, payload: bytes) -> bytes:
     return bytes((tag,)) + encode_varint(len(payload)) + payload
 
 
-def _encode_labels(labels: LabelSet) -> bytes:
+def encode_labels(labels: LabelSet) -> bytes:
+    """The Label fields of a TimeSeries, sorted by name."""
     parts = []
     for name, value in sorted(labels):
         body = _field(0x0A, name.encode()) + _field(0x12, value.encode())
@@ -91,7 +94,7 @@ class WriteEncoder:
         if block is None:
             if len(self._labels) >= self._label_cache_size:
                 self._labels.clear()
-            block = self._labels[labels] = _encode_labels(labels)
+            block = self._labels[labels] = encode_labels(labels)
         return block
 
     def encode(self, series: Iterable[Series]) -> bytes:
@@ -121,7 +124,7 @@ class WriteEncoder:
                 plan = plans[id(s.timestamps)] = ([s.timestamps], struct.Struct("".join(fmt)), template)
             args = plan[2].copy()
             args[1::3] = s.values
-            body = self._label_block(s.labels) + plan[1].pack(*args)
+            body = (s.encoded_labels or self._label_block(s.labels)) + plan[1].pack(*args)
             out.append(b"\x0a" + encode_varint(len(body)))
             out.append(body)
         return b"".join(out)
@@ -133,48 +136,35 @@ def compress(body: bytes) -> bytes:
 
 
 def split_by_samples(series: Sequence[Series], max_samples: int) -> list[list[Series]]:
-    """Cut ``series`` into requests of at most ``max_samples`` samples, each covering a time range.
+    """Cut ``series`` into requests of at most ``max_samples`` samples.
 
-    Requests are cut along time, oldest first, so that a receiver that rejects old samples rejects
-    whole requests and the newer ones still land.
+    Whole series go together (a series' samples stay in time order within one request); only a series
+    longer than ``max_samples`` is itself cut along time, oldest part first.
     """
-    total = sum(len(s) for s in series)
-    if total <= max_samples:
-        return [list(series)] if total else []
-    stamps = sorted({ts for s in series for ts in s.timestamps})
-    # Greedy: grow a time window until the next timestamp would overflow the request.
-    per_ts: dict[int, int] = {}
-    for s in series:
-        for ts in s.timestamps:
-            per_ts[ts] = per_ts.get(ts, 0) + 1
-    cuts: list[int] = []  # exclusive upper bounds
-    count = 0
-    for ts in stamps:
-        n = per_ts[ts]
-        if count and count + n > max_samples:
-            cuts.append(ts)
-            count = 0
-        count += n
     requests: list[list[Series]] = []
-    lower: int | None = None
-    for upper in [*cuts, None]:
-        part = [p for p in (_slice(s, lower, upper) for s in series) if len(p)]
-        # A single timestamp with more series than max_samples: split by series.
-        n = sum(len(p) for p in part)
+    chunk: list[Series] = []
+    size = 0
+    for s in series:
+        n = len(s)
+        if not n:
+            continue
         if n > max_samples:
-            chunk: list[Series] = []
-            size = 0
-            for p in part:
-                if size and size + len(p) > max_samples:
+            memo: dict[tuple[int, int, int], list[int]] = {}
+            for lo in range(0, n, max_samples):
+                part = _slice_positions(s, lo, min(n, lo + max_samples), memo)
+                if size + len(part) > max_samples and chunk:
                     requests.append(chunk)
                     chunk, size = [], 0
-                chunk.append(p)
-                size += len(p)
-            if chunk:
-                requests.append(chunk)
-        elif part:
-            requests.append(part)
-        lower = upper
+                chunk.append(part)
+                size += len(part)
+            continue
+        if size + n > max_samples and chunk:
+            requests.append(chunk)
+            chunk, size = [], 0
+        chunk.append(s)
+        size += n
+    if chunk:
+        requests.append(chunk)
     return requests
 
 
@@ -184,14 +174,28 @@ def split_by_time(series: Sequence[Series]) -> tuple[list[Series], list[Series]]
     if len(stamps) < 2:
         return None
     middle = stamps[len(stamps) // 2]
-    older = [p for p in (_slice(s, None, middle) for s in series) if len(p)]
-    newer = [p for p in (_slice(s, middle, None) for s in series) if len(p)]
+    memo: dict[tuple[int, int, int], list[int]] = {}
+    older = [p for p in (_slice(s, None, middle, memo) for s in series) if len(p)]
+    newer = [p for p in (_slice(s, middle, None, memo) for s in series) if len(p)]
     return older, newer
 
 
-def _slice(s: Series, lower: int | None, upper: int | None) -> Series:
+def _slice_positions(s: Series, lo: int, hi: int, memo: dict[tuple[int, int, int], list[int]]) -> Series:
+    key = (id(s.timestamps), lo, hi)
+    stamps = memo.get(key)
+    if stamps is None:
+        stamps = memo[key] = s.timestamps[lo:hi]
+    return Series(s.labels, stamps, s.values[lo:hi], s.encoded_labels)
+
+
+def _slice(s: Series, lower: int | None, upper: int | None, memo: dict[tuple[int, int, int], list[int]]) -> Series:
+    """The part of ``s`` in [lower, upper). Series that shared a timestamp list share the sliced one."""
     lo = 0 if lower is None else bisect.bisect_left(s.timestamps, lower)
     hi = len(s.timestamps) if upper is None else bisect.bisect_left(s.timestamps, upper)
     if lo == 0 and hi == len(s.timestamps):
         return s
-    return Series(s.labels, s.timestamps[lo:hi], s.values[lo:hi])
+    key = (id(s.timestamps), lo, hi)
+    stamps = memo.get(key)
+    if stamps is None:
+        stamps = memo[key] = s.timestamps[lo:hi]
+    return Series(s.labels, stamps, s.values[lo:hi], s.encoded_labels)

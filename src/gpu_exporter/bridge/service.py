@@ -26,14 +26,15 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
+from gpu_exporter.bridge import columns
+from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
 from gpu_exporter.forward import batch as codec
-from gpu_exporter.model import Sample
 
-__all__ = ["Bridge", "BridgeSettings", "Decoded", "MessageHandler", "Received", "parse_mqtt_url"]
+__all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "parse_mqtt_url"]
 
 log = logging.getLogger(__name__)
 
@@ -93,12 +94,6 @@ class Received:
     at: float = field(default_factory=time.time)
 
 
-@dataclass(frozen=True, slots=True)
-class Decoded:
-    batch: codec.Batch
-    samples: tuple[Sample, ...]  # those not written before
-
-
 class MessageHandler:
     """Decodes one message; a bad payload is counted per node and logged once per node, never raised."""
 
@@ -118,20 +113,20 @@ class MessageHandler:
                 return node
         return "unknown"
 
-    def decode(self, msg: Received) -> codec.Batch | None:
+    def decode(self, msg: Received) -> ColumnBatch | None:
         try:
             return self._decode(msg)
         except Exception as exc:  # the handler's promise: nothing escapes
             self._drop(self.topic_node(str(msg.topic)), "malformed", f"{type(exc).__name__}: {exc}")
             return None
 
-    def _decode(self, msg: Received) -> codec.Batch | None:
+    def _decode(self, msg: Received) -> ColumnBatch | None:
         node = self.topic_node(msg.topic)
         if len(msg.payload) > self._max_payload:
             self._drop(node, "oversized", f"payload of {len(msg.payload)} bytes exceeds {self._max_payload}")
             return None
         try:
-            batch = codec.decode(msg.payload, max_bytes=self._max_payload)
+            batch = columns.read(msg.payload, max_bytes=self._max_payload)
         except codec.PayloadError as exc:
             reason = "oversized" if "limit" in str(exc) else "malformed"
             self._drop(node, reason, str(exc))
@@ -309,7 +304,7 @@ class Bridge:
 
     def process(self, msgs: list[Received]) -> int:
         """Decode, drop replays, write. Returns the samples written; raises Stopped when stopping."""
-        decoded: list[tuple[codec.Batch, tuple[Sample, ...]]] = []
+        decoded: list[tuple[ColumnBatch, list[int] | None]] = []
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
         replays = 0
         for m in msgs:
@@ -317,13 +312,12 @@ class Bridge:
             if batch is None:
                 continue
             taken = pending.setdefault((batch.node, batch.boot), set())
-            seqs = [s.seq for s in batch.samples]
+            seqs = batch.seqs
             fresh = [i for i in self.dedup.unseen(batch.node, batch.boot, seqs) if seqs[i] not in taken]
             replays += len(seqs) - len(fresh)
             if fresh:
-                samples = tuple(batch.samples[i] for i in fresh)
-                taken.update(s.seq for s in samples)
-                decoded.append((batch, samples))
+                taken.update(seqs[i] for i in fresh)
+                decoded.append((batch, None if len(fresh) == len(seqs) else fresh))
         if replays:
             self.metrics.duplicates.inc(replays)
         if not decoded:
@@ -333,8 +327,8 @@ class Bridge:
             self._warn_unknown(key)
         outcome = self._writer.write(converted.series)
         now = time.time()
-        for batch, samples in decoded:
-            self.dedup.mark(batch.node, batch.boot, [s.seq for s in samples])
+        for batch, keep in decoded:
+            self.dedup.mark(batch.node, batch.boot, batch.seqs if keep is None else [batch.seqs[i] for i in keep])
         self.metrics.samples.inc(outcome.written)
         self.metrics.gpu_samples.inc(converted.gpu_samples)
         self.metrics.last_write.set(now)
@@ -354,7 +348,8 @@ class Bridge:
     def stop(self, timeout: float = 10.0) -> None:
         """Stop writing (an unfinished write is abandoned, unacknowledged), then disconnect."""
         self._stop.set()
-        self._thread.join(timeout)
-        self._client.disconnect()
-        self._client.loop_stop()
+        if self._thread.ident is not None:
+            self._thread.join(timeout)
+            self._client.disconnect()
+            self._client.loop_stop()
         self._writer.close()
