@@ -117,8 +117,21 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
 
     ring = RingBuffer(config.buffer_size)
     registry = CollectorRegistry(auto_describe=False)
-    view = native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
-    exposition = Exposition(registry, view)
+    attributor = None
+    if config.k8s_pod_attribution:
+        from gpu_exporter.k8s import PodAttributor
+
+        attributor = PodAttributor(config, ring, registry)
+    if config.metrics_naming == "dcgm":
+        from gpu_exporter.naming import dcgm_view
+
+        pods = (lambda uuid: attributor.device_pods().get(uuid)) if attributor is not None else None
+        view = dcgm_view(
+            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods
+        )
+    else:
+        view = native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
+    exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
     sampler = Sampler(backends, ring, config.interval, [exposition.update])
     registry.register(AgentCollector(sampler, ring, backends))
 
@@ -151,6 +164,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         signal.signal(signal.SIGINT, on_signal)
 
     server.start()
+    if attributor is not None:
+        attributor.start()
     sampler.start()
     if forwarder is not None:
         forwarder.start()
@@ -165,6 +180,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
     )
     stop.wait()
     sampler.stop()
+    if attributor is not None:
+        attributor.stop(timeout=5.0)
     if forwarder is not None:
         forwarder.stop(timeout=5.0)
     server.stop()

@@ -95,6 +95,12 @@ class Config:
     remote_write_headers: str = ""  # "Name=value,Name=value", e.g. X-Scope-OrgID=fleet
 
     # --- kubernetes options go below this line ---
+    metrics_naming: str = "native"
+    k8s_pod_attribution: bool = False
+    k8s_kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    k8s_pod_logs_path: str = "/var/log/pods"
+    k8s_idle_power: float | None = None  # watts; None: the lowest power seen on each GPU
+    k8s_refresh_interval: float = 10.0
 
     def collector_enabled(self, group: str) -> bool:
         return group not in self.disabled_collectors
@@ -229,6 +235,19 @@ def _listen(text: str) -> str:
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
         raise ValueError(f"invalid listen address {text!r} (use host:port or :port)")
     return value
+
+
+def _idle_power(text: str) -> float | None:
+    value = str(text).strip().lower().removesuffix("w")
+    if value in ("", "auto"):
+        return None
+    try:
+        watts = float(value)
+    except ValueError:
+        raise ValueError(f"invalid power {text!r} (use watts, e.g. 30 or 30W, or auto)") from None
+    if not watts >= 0 or watts == float("inf"):
+        raise ValueError(f"invalid power {text!r} (must be 0 or more watts)")
+    return watts
 
 
 def _path(text: str) -> str:
@@ -596,6 +615,51 @@ OPTIONS: tuple[Option, ...] = (
         "DURATION",
     ),
     # --- kubernetes options go below this line ---
+    Option(
+        "metrics.naming",
+        "metrics_naming",
+        _choice("native", "dcgm"),
+        "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "
+        "and labels, for its dashboards and alerts)",
+        "STYLE",
+    ),
+    Option(
+        "k8s.pod-attribution",
+        "k8s_pod_attribution",
+        _bool,
+        "map GPU processes to Kubernetes pods (gpu_pod_* metrics), in the background",
+        "BOOL",
+    ),
+    Option(
+        "k8s.kubelet-socket",
+        "k8s_kubelet_socket",
+        _path,
+        "kubelet pod-resources socket; when absent (KubeEdge) pods are found through /proc cgroups",
+        "PATH",
+    ),
+    Option(
+        "k8s.pod-logs-path",
+        "k8s_pod_logs_path",
+        _path,
+        "the kubelet's pod log directory, whose names give namespace, pod and container "
+        "(its sibling containers/ maps container IDs to names)",
+        "PATH",
+    ),
+    Option(
+        "k8s.idle-power",
+        "k8s_idle_power",
+        _idle_power,
+        "GPU idle power in watts, subtracted before energy is split among pods "
+        "(default: the lowest power seen on each GPU)",
+        "WATTS",
+    ),
+    Option(
+        "k8s.refresh-interval",
+        "k8s_refresh_interval",
+        _interval,
+        "how often the pod log directories are re-indexed (a new pod is looked up at once)",
+        "DURATION",
+    ),
 )
 
 _SWITCHES = tuple(

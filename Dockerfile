@@ -1,0 +1,47 @@
+# syntax=docker/dockerfile:1
+# gpu-exporter image: amd64 and arm64 (Jetson) from the same file:
+#   docker buildx build --platform linux/amd64,linux/arm64 \
+#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) -t gpu-exporter:0.1.0 .
+# Every dependency ships wheels for both architectures, so no stage needs a compiler; the final
+# stage has neither a compiler nor pip. NVML (libnvidia-ml.so.1) comes from the host through the
+# NVIDIA container runtime, not from the image.
+
+ARG PYTHON_IMAGE=python:3.11-slim-bookworm
+
+# --- build: install the package and its runtime dependencies into a virtual environment ---
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ONLY_BINARY=:all:
+WORKDIR /src
+COPY pyproject.toml README.md ./
+COPY src ./src
+RUN python -m venv /opt/gpu-exporter \
+ && /opt/gpu-exporter/bin/pip install ".[kubernetes]" \
+ && /opt/gpu-exporter/bin/pip uninstall -y pip setuptools wheel \
+ && /opt/gpu-exporter/bin/python -m compileall -q /opt/gpu-exporter/lib
+
+# --- runtime: the slim base without pip, plus the virtual environment ---
+FROM ${PYTHON_IMAGE} AS runtime
+ARG VERSION=0.1.0
+ARG REVISION=unknown
+LABEL org.opencontainers.image.title="gpu-exporter" \
+      org.opencontainers.image.description="Node-level GPU metrics exporter for edge Kubernetes: Prometheus endpoint plus store-and-forward over MQTT" \
+      org.opencontainers.image.version="${VERSION}" \
+      org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.licenses="Apache-2.0" \
+      org.opencontainers.image.source="https://example.com/gpu-exporter"
+RUN python -m pip uninstall -y pip setuptools wheel \
+ && rm -rf /usr/local/lib/python3.11/ensurepip /usr/local/lib/python3.11/idlelib \
+           /usr/local/lib/python3.11/lib2to3 /usr/local/lib/python3.11/pydoc_data \
+ && groupadd --system --gid 65532 gpu-exporter \
+ && useradd --system --uid 65532 --gid 65532 --no-create-home --home-dir /nonexistent \
+            --shell /usr/sbin/nologin gpu-exporter \
+ && mkdir -p /var/lib/gpu-exporter && chown 65532:65532 /var/lib/gpu-exporter
+COPY --from=build /opt/gpu-exporter /opt/gpu-exporter
+ENV PATH=/opt/gpu-exporter/bin:$PATH \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    NVIDIA_VISIBLE_DEVICES=all \
+    NVIDIA_DRIVER_CAPABILITIES=utility
+USER 65532:65532
+EXPOSE 9400
+ENTRYPOINT ["gpu-exporter"]

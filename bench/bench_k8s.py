@@ -1,0 +1,134 @@
+"""Costs behind the DaemonSet's resource requests: pod attribution per sample, and the running agent's
+CPU and memory on simulated GPUs with attribution on. Prints medians of several runs.
+
+    python bench/bench_k8s.py [--gpus 8] [--seconds 20]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT / "src"))
+
+from gpu_exporter.config import Config  # noqa: E402
+from gpu_exporter.k8s import PodAttributor  # noqa: E402
+from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, Sample  # noqa: E402
+from gpu_exporter.ring import RingBuffer  # noqa: E402
+
+CGROUP = "0::/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod{uid}.slice/cri-containerd-{cid}.scope\n"
+
+
+def _tree(root: Path, gpus: int, per_gpu: int) -> None:
+    for g in range(gpus):
+        for p in range(per_gpu):
+            n = g * per_gpu + p
+            uid = f"{n:08x}-0000-4000-8000-000000000000"
+            cid = f"{n:064x}"
+            pid = 10000 + n
+            (root / "proc" / str(pid)).mkdir(parents=True)
+            (root / "proc" / str(pid) / "cgroup").write_text(CGROUP.format(uid=uid.replace("-", "_"), cid=cid))
+            (root / "pods" / f"ns_pod-{n}_{uid}" / "main").mkdir(parents=True)
+
+
+def bench_process(gpus: int, per_gpu: int, runs: int = 5, samples: int = 200) -> float:
+    with tempfile.TemporaryDirectory() as tmp:
+        root = Path(tmp)
+        _tree(root, gpus, per_gpu)
+        config = Config(
+            path_procfs=str(root / "proc"),
+            k8s_pod_logs_path=str(root / "pods"),
+            k8s_kubelet_socket=str(root / "none.sock"),
+            k8s_idle_power=50.0,
+        )
+        times = []
+        for _ in range(runs):
+            attributor = PodAttributor(config, RingBuffer(4))
+            batch = []
+            for seq in range(1, samples + 1):
+                devices = tuple(
+                    DeviceSample(
+                        DeviceId(str(g), f"GPU-{g}"),
+                        True,
+                        {("power", ()): 100.0 + seq % 7},
+                        {},
+                        tuple(ProcessUsage(10000 + g * per_gpu + p, 1e9, 0.2) for p in range(per_gpu)),
+                    )
+                    for g in range(gpus)
+                )
+                batch.append(Sample(seq, float(seq), devices))
+            start = time.perf_counter()
+            for sample in batch:
+                attributor.process([sample])
+            times.append((time.perf_counter() - start) / samples)
+        return statistics.median(times)
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def bench_agent(gpus: int, seconds: float) -> tuple[float, float]:
+    """(CPU millicores, RSS MiB) of the running agent at the default 5 s interval, attribution on."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+    args = [
+        sys.executable,
+        "-m",
+        "gpu_exporter",
+        "--gpu-vendor=fake",
+        f"--fake.gpus={gpus}",
+        f"--web.listen-address=127.0.0.1:{_free_port()}",
+        "--k8s.pod-attribution=true",
+    ]
+    child = subprocess.Popen(args, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        time.sleep(3)  # start-up (imports) is not the steady state
+        ticks = os.sysconf("SC_CLK_TCK")
+
+        def cpu() -> float:
+            fields = Path(f"/proc/{child.pid}/stat").read_text().rsplit(")", 1)[1].split()
+            return (int(fields[11]) + int(fields[12])) / ticks
+
+        c0, t0 = cpu(), time.monotonic()
+        time.sleep(seconds)
+        c1, t1 = cpu(), time.monotonic()
+        rss = next(
+            int(ln.split()[1])
+            for ln in Path(f"/proc/{child.pid}/status").read_text().splitlines()
+            if ln.startswith("VmRSS:")
+        )
+        return 1000 * (c1 - c0) / (t1 - t0), rss / 1024
+    finally:
+        child.terminate()
+        child.wait(10)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--gpus", type=int, default=8)
+    parser.add_argument("--seconds", type=float, default=20.0)
+    args = parser.parse_args()
+    for per_gpu in (1, 4):
+        cost = bench_process(args.gpus, per_gpu)
+        print(f"attribution: {args.gpus} GPUs x {per_gpu} pod processes: {cost * 1e3:.3f} ms per sample (median of 5)")
+    runs = [bench_agent(args.gpus, args.seconds) for _ in range(3)]
+    print(
+        f"agent, {args.gpus} simulated GPUs, 5s interval, attribution on: "
+        f"{statistics.median(r[0] for r in runs):.1f} millicores, "
+        f"{statistics.median(r[1] for r in runs):.1f} MiB RSS (median of 3 x {args.seconds:g}s)"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,256 @@
+"""The attribution thread: follows the ring, maps GPU processes to pods, keeps per-pod series ready.
+
+Nothing here runs on the scrape path: the exposition appends ``text()``, a string rebuilt once per
+sample. The kubelet's pod-resources API (when its socket exists) names the containers that hold each
+GPU even while they run no process; the /proc fallback names the containers whose processes the driver
+reports, which is all KubeEdge offers. Both feed the same series; a pod whose processes exit and that
+the kubelet no longer lists disappears from the next page.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from gpu_exporter.config import Config
+from gpu_exporter.k8s import cgroup, podlogs
+from gpu_exporter.k8s.energy import EnergyMeter
+from gpu_exporter.k8s.model import PodRef
+from gpu_exporter.k8s.podresources import (
+    Assignment,
+    PodResourcesError,
+    device_matches,
+    list_pod_resources,
+)
+from gpu_exporter.k8s.render import PodSeries, render
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.ring import RingBuffer
+
+__all__ = ["DevicePods", "PodAttributor"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class DevicePods:
+    """The containers on each device in the newest sample, for views that label device series."""
+
+    by_uuid: dict[str, tuple[PodRef, ...]]
+
+    def get(self, uuid: str) -> tuple[PodRef, ...]:
+        return self.by_uuid.get(uuid, ())
+
+
+@dataclass
+class _Usage:
+    memory: float = 0.0
+    memory_known: bool = False
+    sm: float = 0.0
+    sm_known: bool = False
+    processes: int = 0
+
+
+class PodAttributor:
+    def __init__(
+        self,
+        config: Config,
+        ring: RingBuffer,
+        registry: CollectorRegistry | None = None,
+        *,
+        lister: Callable[[str], list[Assignment]] | None = None,
+    ) -> None:
+        self._config = config
+        self._ring = ring
+        self._lister = lister or list_pod_resources
+        self._meter = EnergyMeter(config.k8s_idle_power, max_gap=max(60.0, 10 * config.interval))
+        self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
+        self._directory = podlogs.PodDirectory()
+        self._scanned_at = float("-inf")
+        self._api_retry_at = float("-inf")
+        self._seq = 0
+        self._lock = threading.Lock()
+        self._text = ""
+        self._device_pods = DevicePods({})
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._reported: set[str] = set()
+        self._errors: Counter | None = None
+        self._pods_gauge: Gauge | None = None
+        if registry is not None:
+            self._errors = Counter(
+                "gpu_exporter_k8s_errors",
+                "Pod attribution failures, by source.",
+                ["source"],
+                registry=registry,
+            )
+            self._pods_gauge = Gauge(
+                "gpu_exporter_k8s_pods",
+                "Containers attributed to GPUs in the newest sample.",
+                registry=registry,
+            )
+
+    # --- public API ------------------------------------------------------------------------------
+
+    def text(self) -> str:
+        """The per-pod series for the newest sample (Prometheus text), for the exposition to append."""
+        with self._lock:
+            return self._text
+
+    def device_pods(self) -> DevicePods:
+        with self._lock:
+            return self._device_pods
+
+    def start(self) -> None:
+        if self._thread is not None:
+            raise RuntimeError("pod attribution already started")
+        self._thread = threading.Thread(target=self._run, name="gpu-exporter-k8s", daemon=True)
+        self._thread.start()
+
+    def stop(self, timeout: float = 5.0) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout)
+
+    def process(self, samples: Iterable[Sample]) -> None:
+        """Account ``samples`` (oldest first) and rebuild the series from the last one."""
+        samples = list(samples)
+        if not samples:
+            return
+        assignments = self._ask_kubelet()
+        for sample in samples:
+            self._seq = max(self._seq, sample.seq)
+            series, device_pods = self._account(sample, assignments)
+        with self._lock:
+            self._text = render(series)
+            self._device_pods = device_pods
+        if self._pods_gauge is not None:
+            self._pods_gauge.set(sum(1 for name, _, _ in series if name == "gpu_pod_info"))
+
+    # --- the thread ------------------------------------------------------------------------------
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            if self._ring.wait_after(self._seq, timeout=0.5):
+                samples, _missed = self._ring.since(self._seq)
+                try:
+                    self.process(samples)
+                except Exception:  # never let one bad cycle end attribution
+                    log.exception("pod attribution failed for this sample")
+                    self._count("internal")
+
+    # --- sources ---------------------------------------------------------------------------------
+
+    def _count(self, source: str) -> None:
+        if self._errors is not None:
+            self._errors.labels(source).inc()
+
+    def _report_once(self, message: str) -> None:
+        if message not in self._reported:
+            self._reported.add(message)
+            log.warning("%s", message)
+
+    def _ask_kubelet(self) -> list[Assignment]:
+        socket_path = self._config.k8s_kubelet_socket
+        if not os.path.exists(socket_path) or time.monotonic() < self._api_retry_at:
+            return []
+        try:
+            return self._lister(socket_path)
+        except PodResourcesError as exc:
+            # e.g. a non-root agent may not connect to the root-owned socket: ask again only after
+            # the refresh interval, and meanwhile name pods through /proc alone
+            self._api_retry_at = time.monotonic() + self._config.k8s_refresh_interval
+            self._count("pod_resources")
+            self._report_once(f"{exc}; using /proc for pod attribution")
+            return []
+
+    def _names(self, found: cgroup.ContainerCgroup) -> PodRef | None:
+        now = time.monotonic()
+        stale = now - self._scanned_at >= self._config.k8s_refresh_interval
+        # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
+        # once, but at most once a second.
+        pod = self._directory.pods.get(found.pod_uid)
+        new_container = (
+            pod is not None
+            and len(pod[2]) > 1
+            and bool(found.container_id)
+            and found.container_id not in self._directory.containers
+        )
+        unknown = (pod is None or new_container) and now - self._scanned_at >= 1.0
+        if stale or unknown:
+            self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
+            self._scanned_at = now
+        names = self._directory.names(found.pod_uid, found.container_id)
+        return PodRef(*names) if names else None
+
+    def _pod_of(self, pid: int) -> PodRef | None:
+        if pid not in self._pids:
+            self._pids[pid] = cgroup.read_pid(self._config.path_procfs, pid)
+        found = self._pids[pid]
+        return self._names(found) if found else None
+
+    # --- one sample ------------------------------------------------------------------------------
+
+    def _account(self, sample: Sample, assignments: list[Assignment]) -> tuple[list[PodSeries], DevicePods]:
+        live_pids = {p.pid for d in sample.devices for p in d.processes}
+        for pid in [p for p in self._pids if p not in live_pids]:
+            del self._pids[pid]  # exited: its PID may be reused by another pod's process
+        info: list[PodSeries] = []
+        memory: list[PodSeries] = []
+        util: list[PodSeries] = []
+        energy: list[PodSeries] = []
+        present: list[tuple[DeviceId, PodRef]] = []
+        by_uuid: dict[str, tuple[PodRef, ...]] = {}
+        for device in sample.devices:
+            usage = self._usage(device)
+            held = {a.pod for a in assignments if device_matches(a.device_id, device.device)}
+            pods = sorted(set(usage) | held)
+            if not pods:
+                continue
+            by_uuid[device.device.uuid] = tuple(pods)
+            self._step_energy(sample.timestamp, device, usage)
+            base = device.device.labels()
+            for pod in pods:
+                labels = base + pod.labels()
+                info.append(("gpu_pod_info", labels, 1.0))
+                present.append((device.device, pod))
+                used = usage.get(pod)
+                if used is not None and used.memory_known:
+                    memory.append(("gpu_pod_memory_used_bytes", labels, used.memory))
+                if used is not None and used.sm_known:
+                    util.append(("gpu_pod_utilization_ratio", labels, used.sm))
+                if self._meter.idle(device.device) is not None and ("power", ()) in device.values:
+                    joules = self._meter.total(device.device, pod)
+                    energy.append(("gpu_pod_energy_joules_total", labels, joules))
+        self._meter.retain(present)
+        return info + memory + util + energy, DevicePods(by_uuid)
+
+    def _usage(self, device: DeviceSample) -> dict[PodRef, _Usage]:
+        usage: dict[PodRef, _Usage] = {}
+        for process in device.processes:
+            pod = self._pod_of(process.pid)
+            if pod is None:
+                continue  # a host process, or a pod whose log directory is already gone
+            entry = usage.setdefault(pod, _Usage())
+            entry.processes += 1
+            if process.memory_bytes is not None:
+                entry.memory += process.memory_bytes
+                entry.memory_known = True
+            if process.sm_ratio is not None:
+                entry.sm += process.sm_ratio
+                entry.sm_known = True
+        return usage
+
+    def _step_energy(self, timestamp: float, device: DeviceSample, usage: dict[PodRef, _Usage]) -> None:
+        power = device.values.get(("power", ()))
+        joules = device.values.get(("energy", ()))
+        if any(u.sm_known for u in usage.values()):
+            weights = {pod: u.sm for pod, u in usage.items()}
+        else:  # the driver reports no per-process utilization: split evenly by process
+            weights = {pod: float(u.processes) for pod, u in usage.items()}
+        self._meter.step(device.device, timestamp, power, joules, weights)

@@ -1,0 +1,54 @@
+"""Prometheus text for the per-pod series, rendered once per sample on the attribution thread."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+
+__all__ = ["FAMILIES", "PodSeries", "render"]
+
+FAMILIES: dict[str, tuple[str, str]] = {
+    "gpu_pod_info": (
+        "gauge",
+        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+    ),
+    "gpu_pod_memory_used_bytes": ("gauge", "Device memory used by the container's GPU processes, in bytes."),
+    "gpu_pod_utilization_ratio": (
+        "gauge",
+        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
+    ),
+    "gpu_pod_energy_joules_total": (
+        "counter",
+        "GPU energy above idle attributed to the container by its share of SM "
+        "utilization, in joules, since it appeared on the GPU.",
+    ),
+}
+
+# (family name, label pairs, value)
+PodSeries = tuple[str, tuple[tuple[str, str], ...], float]
+
+
+def _escape(value: str) -> str:
+    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def _value(value: float) -> str:
+    if value == int(value) and abs(value) < 1e15:
+        return str(int(value))
+    return repr(float(value))
+
+
+def render(series: Iterable[PodSeries], families: Sequence[str] = tuple(FAMILIES)) -> str:
+    """Text exposition of ``series``, grouped by family in FAMILIES order; empty families are left out."""
+    grouped: dict[str, list[str]] = {name: [] for name in families}
+    for name, labels, value in series:
+        if name not in grouped:
+            continue
+        text = ",".join(f'{k}="{_escape(v)}"' for k, v in labels)
+        grouped[name].append(f"{name}{{{text}}} {_value(value)}\n")
+    out: list[str] = []
+    for name, lines in grouped.items():
+        if lines:
+            kind, help_text = FAMILIES[name]
+            out.append(f"# HELP {name} {help_text}\n# TYPE {name} {kind}\n")
+            out.extend(lines)
+    return "".join(out)
