@@ -96,7 +96,7 @@ def bench_bytes() -> dict[str, float]:
         per_gpu = total / (len(samples) * GPUS)
         figures[label] = per_gpu
         print(
-            f"  payload v1, {label}: {per_gpu:.1f} bytes per GPU-sample on the wire "
+            f"  payload, {label}: {per_gpu:.1f} bytes per GPU-sample on the wire "
             f"(1/{prom_per_gpu / per_gpu:.0f} of Prometheus gzip; plain JSON {plain / (len(samples) * GPUS):.0f})"
         )
     return figures

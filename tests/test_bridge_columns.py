@@ -14,6 +14,7 @@ from gpu_exporter.forward import batch as codec
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 from .bridge_helpers import make_batch
+from .payload_helpers import as_v1, v1_payload
 
 KEYS = [("utilization", ()), ("power", ()), ("energy", ()), ("xid_errors", ("79",)), ("memory_used", ())]
 values = st.one_of(
@@ -73,11 +74,14 @@ def test_columns_hold_the_values_the_codec_decodes(batch: codec.Batch, compress:
 
 
 VALID = json.loads(codec.encode(make_batch("edge", "boot", [3, 4, 5], 1_700_000_000.0), compress=False))
+VALID_V1 = as_v1(VALID)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: (
         st.lists(inner, max_size=4)
-        | st.dictionaries(st.sampled_from(["delta", "scale", "step", "values", "x"]), inner, max_size=3)
+        | st.dictionaries(
+            st.sampled_from(["delta", "scale", "step", "order", "const", "values", "x"]), inner, max_size=3
+        )
     ),
     max_leaves=20,
 )
@@ -105,7 +109,7 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st.DataObject) -> None:
-    doc = json.loads(json.dumps(VALID))
+    doc = json.loads(json.dumps(data.draw(st.sampled_from([VALID, VALID_V1]))))
     # replace one part of the document: a top-level field, a device field, or one column
     where = data.draw(st.sampled_from(["top", "device", "column", "delta"]))
     if where == "top":
@@ -139,13 +143,32 @@ def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st
         {"delta": [1, 1, 1], "step": 0},
         {"delta": [1, 1, 1], "step": True},
         {"delta": [1, 1, 1], "scale": 10},
+        {"delta": [1, 1, 1], "order": 2},
+        {"delta": [1, 1, 1], "order": 1},
+        {"delta": [1, 1, 1], "order": 3},
+        {"delta": [1, 1, 1], "order": True},
+        {"delta": [1, None, 1], "order": 2},
+        {"delta": [2**50, 2**50, 0], "order": 2, "step": 4},
+        {"delta": [2**50, 2**49, -(2**49)], "order": 2, "step": 4},
+        {"delta": [2**51, -(2**51), 2**51], "order": 2},
+        {"delta": [5, 3, -1], "order": 2, "step": 1000, "scale": 3},
+        {"const": 1},
+        {"const": "NaN"},
+        {"const": None},
+        {"const": True},
+        {"const": 1, "step": 2},
     ],
 )
-def test_integer_limits_and_types_in_delta_columns_match_the_codec(parser: str, column: dict[str, object]) -> None:
-    doc = json.loads(json.dumps(VALID))
+@pytest.mark.parametrize("version", [1, 2])
+def test_integer_limits_and_types_in_delta_columns_match_the_codec(
+    parser: str, column: dict[str, object], version: int
+) -> None:
+    doc = json.loads(json.dumps(VALID if version == 2 else VALID_V1))
     doc["devices"][0]["columns"][0] = column
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
+    if _verdict(codec.decode, raw) == "accepted":
+        assert columns.read(raw).devices[0].columns[0] == codec._column("c", column, 3, version)
 
 
 @pytest.mark.parametrize(
@@ -168,8 +191,14 @@ def test_odd_json_is_rejected_by_both_parsers_as_by_the_codec(parser: str, raw: 
 def test_both_parsers_read_the_same_columns(parser: str, batch: codec.Batch) -> None:
     data = codec.encode(batch)
     cols = columns.read(data)
+    old = columns.read(v1_payload(codec.to_document(batch)))  # what an agent of payload version 1 sent
+    assert [_nan_safe(d.columns) for d in old.devices] == [_nan_safe(d.columns) for d in cols.devices]
     objects = codec.decode(data)
     assert cols.seqs == [s.seq for s in objects.samples]
     assert sum(sum(v is not None for v in c) for d in cols.devices for c in d.columns if c is not None) == sum(
         len(ds.values) for s in objects.samples for ds in s.devices
     )
+
+
+def _nan_safe(cols: list[list[float | None] | None]) -> list[object]:
+    return [None if c is None else [("nan",) if v is not None and math.isnan(v) else v for v in c] for c in cols]

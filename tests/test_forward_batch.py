@@ -1,10 +1,12 @@
-"""Payload v1: round trip, schema agreement, and strict rejection of anything malformed."""
+"""The batch payload: round trip, schema agreement, strict rejection of anything malformed, and
+version 1 payloads still read."""
 
 from __future__ import annotations
 
 import gzip
 import json
 import math
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +19,8 @@ from gpu_exporter import catalog
 from gpu_exporter.forward import batch as codec
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+
+from .payload_helpers import as_v1, v1_payload
 
 VALIDATOR = jsonschema.Draft202012Validator(codec.schema())
 
@@ -112,10 +116,24 @@ def comparable(b: Batch) -> Any:
 @given(batches(), st.booleans())
 def test_round_trip_gives_back_every_value_exactly(b: Batch, compress: bool) -> None:
     data = encode(b, compress=compress)
-    assert data[:2] == b"\x1f\x8b" if compress else data[:1] == b"{"
+    if compress:  # zlib (RFC 1950) with the payload's preset dictionary
+        assert data[0] == 0x78 and data[1] & 0x20 and data[2:6] == zlib.adler32(codec.ZDICT).to_bytes(4, "big")
+    else:
+        assert data[:1] == b"{"
     back = decode(data)
     assert comparable(back) == comparable(b)
     assert (back.first_seq, back.last_seq) == (b.first_seq, b.last_seq)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
+def test_a_version_1_payload_of_the_same_batch_still_decodes_to_it(b: Batch) -> None:
+    doc = to_document(b)
+    old = v1_payload(doc)
+    assert comparable(decode(old)) == comparable(b)
+    VALIDATOR.validate(as_v1(doc))
+    codec.verify(old)
+    assert codec.peek(old).seqs == tuple(s.seq for s in b.samples)
 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -154,6 +172,8 @@ def _nvml_like_batch(n_samples: int, n_gpus: int = 8) -> Batch:
                         ("power", ()): 200 + ((i * 37 + g) % 1000) / 1000,
                         ("memory_used", ()): float(1024**3 + i * 4096),
                         ("temp_gpu", ()): float(50 + (i + g) % 5),
+                        ("power_limit", ()): 700.0,
+                        ("energy", ()): 1e6 + 1000.5 * i,
                     },
                     {"name": "NVIDIA H100", "driver_version": "550.54.15"},
                 )
@@ -173,11 +193,15 @@ def test_device_labels_and_metric_keys_travel_once_per_batch() -> None:
 def test_decimal_readings_are_stored_as_scaled_integer_deltas() -> None:
     doc = to_document(_nvml_like_batch(4, n_gpus=1))
     cols = dict(zip((k for k, _ in doc["metrics"]), doc["devices"][0]["columns"], strict=True))
-    assert cols["power"] == {"scale": 3, "delta": [200000, 37, 37, 37]}
+    # power rises 37 mW a sample: its deltas of deltas are written (order 2)
+    assert cols["power"] == {"scale": 3, "delta": [200000, 37, 0, 0], "order": 2}
     # a common factor travels once: bytes in 4 KiB pages, utilization in steps of 7 %
     assert cols["memory_used"] == {"step": 4096, "delta": [262144, 1, 1, 1]}
     assert cols["utilization"] == {"scale": 2, "step": 7, "delta": [0, 1, 1, 1]}
     assert cols["temp_gpu"] == {"delta": [50, 1, 1, 1]}
+    assert cols["power_limit"] == {"const": 700}  # a value that holds still is stated once
+    # a counter at a steady rate (1000.5 J a sample): the rate once, then zeros
+    assert cols["energy"] == {"scale": 1, "step": 5, "delta": [2000000, 2001, 0, 0], "order": 2}
     assert doc["seq"] == [100, 1, 1, 1]
     assert doc["time_ms"] == [1_700_000_000_000, 5000, 5000, 5000]
 
@@ -216,7 +240,7 @@ def _plain(doc: Any) -> bytes:
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(version=2), "unsupported payload version 2"),
+        (lambda d: d.update(version=3), "unsupported payload version 3"),
         (lambda d: d.update(version=True), "unsupported payload version"),
         (lambda d: d.update(format="other"), "payload format"),
         (lambda d: d.update(extra=1), "unknown field 'extra'"),
@@ -241,6 +265,26 @@ def _plain(doc: Any) -> bytes:
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**52, 2**52, 0]}), "out of range"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, "inf", 2]}), "invalid value"),
         (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, [], 2]}), "invalid value"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": None}), "const must be a value"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": "x"}), "invalid value"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": 1, "scale": 2}), "unknown field 'scale'"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "order": 3}), "order must be"),
+        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, None, 3], "order": 2}), "cannot hold null"),
+        (
+            lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**50, 2**50, 0], "order": 2, "step": 4}),
+            "out of range",
+        ),
+        (
+            lambda d: d.update(as_v1(d), devices=[dict(d["devices"][0], columns=[{"const": 1}] * len(d["metrics"]))]),
+            "lacks delta",
+        ),
+        (
+            lambda d: d.update(
+                as_v1(d),
+                devices=[dict(d["devices"][0], columns=[{"delta": [1, 1, 1], "order": 2}] * len(d["metrics"]))],
+            ),
+            "unknown field 'order'",
+        ),
         (lambda d: d["devices"][0].update(up=[None, 1, 1]), "absent"),
         (lambda d: d["devices"][1].update(id=d["devices"][0]["id"]), "listed twice"),
         (lambda d: d["devices"][0]["id"].pop("uuid"), "lacks uuid"),
@@ -287,6 +331,9 @@ def test_a_valid_document_passes_both() -> None:
         (b'{"a": NaN}', "non-JSON number NaN"),
         (b'{"a": "\xff"}', "not UTF-8"),
         (b"\x1f\x8b\x08\x00garbage", "corrupt gzip|truncated"),
+        (zlib.compress(b'{"format": "gpu-exporter.batch"}'), "without the preset dictionary"),
+        (b"\x78\xbb\x00\x00\x00\x01garbage", "unknown preset dictionary"),
+        (b"\x78\xbb", "truncated zlib"),
         (b"{" + b"[" * 100000 + b"]" * 100000 + b"}", "not JSON|nested"),
     ],
 )
@@ -300,10 +347,16 @@ def test_size_limits_hold_before_and_after_inflating() -> None:
     data = encode(_nvml_like_batch(50))
     with pytest.raises(PayloadError, match="exceeds the 100-byte limit"):
         decode(data, max_bytes=100)
-    bomb = gzip.compress(b"{" + b" " * 5_000_000 + b"}")
-    assert len(bomb) < 10_000
-    with pytest.raises(PayloadError, match="inflates beyond"):
-        decode(bomb, max_bytes=1_000_000)
+    inflated = b'{"format":"gpu-exporter.batch","version":2,' + b" " * 5_000_000 + b"}"
+    bomb = gzip.compress(inflated)
+    deflater = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, codec.ZDICT)
+    zbomb = deflater.compress(inflated) + deflater.flush()
+    for packed in (bomb, zbomb):
+        assert len(packed) < 10_000
+        with pytest.raises(PayloadError, match="inflates beyond"):
+            decode(packed, max_bytes=1_000_000)
+        with pytest.raises(PayloadError, match="inflates beyond"):
+            codec.verify(packed, max_bytes=1_000_000)
     with pytest.raises(PayloadError, match="truncated"):
         decode(data[:-20])
     with pytest.raises(PayloadError, match="trailing bytes"):
@@ -365,7 +418,7 @@ def test_peek_and_verify_reject_what_breaks_in_a_damaged_file() -> None:
         for reader in (codec.peek, codec.verify):
             with pytest.raises(PayloadError):
                 reader(bad)
-    with pytest.raises(PayloadError, match="v1 batch"):
+    with pytest.raises(PayloadError, match="not a batch written by this encoder"):
         codec.verify(gzip.compress(b'{"format":"something-else"}'))
 
 
@@ -376,3 +429,38 @@ def test_the_example_in_docs_payload_md_is_a_valid_batch() -> None:
     VALIDATOR.validate(doc)
     batch = decode(example.encode())
     assert batch.samples[2].devices[0].values[("power", ())] == 244.0
+    assert batch.samples[2].devices[0].values[("power_limit", ())] == 700.0
+    assert batch.samples[2].devices[0].values[("energy", ())] == 5000125.0
+
+
+def test_a_version_1_payload_as_sent_by_earlier_agents_decodes() -> None:
+    v1 = {
+        "format": "gpu-exporter.batch",
+        "version": 1,
+        "node": "edge-gpu-07",
+        "boot": "4b8e0f5c2d9a4f64a1f3b2e1c0d9e8f7",
+        "first_seq": 1201,
+        "last_seq": 1203,
+        "seq": [1201, 1, 1],
+        "time_ms": [1764412800000, 5000, 5001],
+        "metrics": [["utilization", []], ["power", []], ["clock_event_reason", ["sw_power_cap"]]],
+        "devices": [
+            {
+                "id": {"gpu": "0", "uuid": "GPU-8f1c6f0e-6c7b-4d2d-9a57-0a1b2c3d4e5f"},
+                "info": {"name": "NVIDIA A100-SXM4-40GB", "driver_version": "550.54.15"},
+                "up": [1, 1, 1],
+                "columns": [
+                    {"scale": 2, "delta": [37, 4, -1]},
+                    {"scale": 3, "delta": [245123, 877, -2000]},
+                    {"delta": [0, 0, 1]},
+                ],
+            }
+        ],
+    }
+    VALIDATOR.validate(v1)
+    data = gzip.compress(json.dumps(v1, separators=(",", ":")).encode())
+    codec.verify(data)
+    batch = decode(data)
+    assert [s.timestamp for s in batch.samples] == [1764412800.0, 1764412805.0, 1764412810.001]
+    assert [s.devices[0].values[("power", ())] for s in batch.samples] == [245.123, 246.0, 244.0]
+    assert batch.samples[2].devices[0].values[("clock_event_reason", ("sw_power_cap",))] == 1.0

@@ -84,6 +84,8 @@ def _read(data: bytes, max_bytes: int) -> ColumnBatch:
         raise codec.PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
     if data[:2] == codec._GZIP_MAGIC:
         text = codec._gunzip(data, max_bytes)
+    elif codec._is_zlib(data):
+        text = codec._inflate(data, max_bytes)
     elif data.lstrip(b" \t\r\n")[:1] == b"{":
         text = data
     elif not data:
@@ -132,7 +134,7 @@ def from_document(doc: Any) -> ColumnBatch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded = _columns(where, cols, n)
+        decoded = _columns(where, cols, n, header.version)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
@@ -164,10 +166,10 @@ _INT = {int}
 _NUMBER = {int, float}
 
 
-def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | None]:
+def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
     """Every column of one device. Plain integer-delta columns (the encoder's usual output) are checked
     together and decoded in C loops; any other column goes through the codec's own ``_column``."""
-    fast: list[tuple[int, list[int], int, int]] = []  # (position, deltas, scale, step)
+    fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
     for j, col in enumerate(cols):
@@ -186,32 +188,38 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
         if type(deltas) is not list or len(deltas) != n:
             continue
         if len(col) == 1:
-            fast.append((j, deltas, 0, 1))
+            fast.append((j, deltas, 0, 1, 1))
             continue
         scale = col.get("scale", 0)
         step = col.get("step", 1)
+        order = col.get("order", 1) if version >= 2 else 1
         if (
-            len(col) == 1 + ("scale" in col) + ("step" in col)
+            len(col) == 1 + ("scale" in col) + ("step" in col) + ("order" in col and version >= 2)
             and type(scale) is int
             and 0 <= scale <= codec.MAX_SCALE
             and type(step) is int
             and 1 <= step < _SAFE
+            and type(order) is int
+            and order in (1, 2)
         ):
-            fast.append((j, deltas, scale, step))
+            fast.append((j, deltas, scale, step, order))
     if fast:
         # Every entry an int (no bool, no null), and no running total times its step can reach the
-        # codec's limit: n * largest |delta| * step bounds them all, and each delta too. Both checks run
-        # over all columns at once (map over the columns, no Python loop); only when one fails are the
-        # columns sorted out one by one.
+        # codec's limit: n * largest |delta| * step bounds them all, and each delta too (n * n for
+        # second-order deltas, whose running totals are summed once more). Both checks run over all
+        # columns at once (map over the columns, no Python loop); only when one fails are the columns
+        # sorted out one by one.
         lists = [f[1] for f in fast]
         if not (
             set(map(type, itertools.chain.from_iterable(lists))) <= _INT
-            and max(map(operator.mul, map(max, map(map, itertools.repeat(abs), lists)), [f[3] for f in fast])) * n
+            and max(map(operator.mul, map(max, map(map, itertools.repeat(abs), lists)), [f[3] for f in fast])) * n * n
             < _SAFE
         ):
-            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n * f[3] < _SAFE]
+            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
     truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
-    for j, deltas, scale, step in fast:
+    for j, deltas, scale, step, order in fast:
+        if order == 2:
+            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
@@ -220,5 +228,5 @@ def _columns(where: str, cols: list[Any], n: int) -> list[list[float | None] | N
         done.add(j)
     for j, col in enumerate(cols):
         if j not in done and col is not None:
-            out[j] = codec._column(f"{where}.columns[{j}]", col, n)
+            out[j] = codec._column(f"{where}.columns[{j}]", col, n, version)
     return out

@@ -13,7 +13,6 @@ never another exception, and the size of the input and of the inflated document 
 
 from __future__ import annotations
 
-import gzip
 import itertools
 import json
 import math
@@ -23,12 +22,14 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
+from gpu_exporter.forward._zdict import ZDICT
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 
 __all__ = [
     "DEFAULT_MAX_BYTES",
     "FORMAT",
     "VERSION",
+    "VERSIONS",
     "Batch",
     "Header",
     "PayloadError",
@@ -41,11 +42,13 @@ __all__ = [
 ]
 
 FORMAT = "gpu-exporter.batch"
-VERSION = 1
+VERSION = 2  # what encode writes; decode reads this and every earlier version in VERSIONS
+VERSIONS = (1, 2)
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # compressed input and inflated JSON, each
 MAX_SCALE = 9  # decimal places a delta column may carry
 _SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
 _GZIP_MAGIC = b"\x1f\x8b"
+_ZDICT_ID = zlib.adler32(ZDICT).to_bytes(4, "big")
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
 _ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
@@ -100,6 +103,7 @@ class Header(NamedTuple):
     boot: str
     seqs: tuple[int, ...]
     times_ms: tuple[int, ...]
+    version: int = VERSION
 
     @property
     def first_seq(self) -> int:
@@ -125,8 +129,9 @@ class Point(NamedTuple):
 # ---------------------------------------------------------------------------------------------- encode
 
 
-def encode(batch: Batch, compress: bool = True, level: int = 6) -> bytes:
-    """The payload of ``batch``: gzip-compressed JSON, or plain JSON with ``compress=False``.
+def encode(batch: Batch, compress: bool = True, level: int = 9) -> bytes:
+    """The payload of ``batch``: JSON compressed with zlib and the payload's preset dictionary, or
+    plain JSON with ``compress=False``.
 
     Raises ValueError when the batch itself is unfit (no samples, sequence not increasing, bad names).
     """
@@ -134,7 +139,8 @@ def encode(batch: Batch, compress: bool = True, level: int = 6) -> bytes:
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     if not compress:
         return text
-    return gzip.compress(text, compresslevel=level, mtime=0)
+    deflater = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    return deflater.compress(text) + deflater.flush()
 
 
 def to_document(batch: Batch) -> dict[str, Any]:
@@ -241,6 +247,11 @@ def _scale_of(value: float) -> int | None:
 
 
 def _encode_column(col: list[float | None]) -> dict[str, Any]:
+    first = col[0]
+    if first is not None and all(v is not None and _same_float(v, first) for v in col):
+        if first.is_integer() and abs(first) < _SAFE_INT and math.copysign(1.0, first) > 0:
+            return {"const": int(first)}  # a value that held still for the whole batch, stated once
+        return {"const": _raw(first)}
     scale = 0
     for v in col:
         if v is None:
@@ -271,11 +282,28 @@ def _encode_column(col: list[float | None]) -> dict[str, Any]:
         out.append(n // step - last)
         last = n // step
     column: dict[str, Any] = {"delta": out}
+    if None not in out and len(out) > 2:
+        # A counter at a steady rate (energy, NVLink bytes) or a smooth reading: its deltas change
+        # less than the values do. Take the deltas of the deltas where they are written shorter.
+        second = [out[0], *_deltas(out[1:])]  # type: ignore[arg-type]
+        if _digits(second) < _digits(out):
+            column = {"delta": second, "order": 2}
     if scale:
         column["scale"] = scale
     if step > 1:
         column["step"] = step  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
     return column
+
+
+def _digits(ints: list[Any]) -> int:
+    return sum(len(str(n)) for n in ints)
+
+
+def _same_float(a: float, b: float) -> bool:
+    """Bit for bit: -0.0 is not 0.0, NaN is NaN."""
+    if a != a or b != b:  # NaN
+        return a != a and b != b
+    return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
 def _raw(v: float | None) -> float | str | None:
@@ -315,12 +343,14 @@ def _parse(data: bytes | bytearray | memoryview, max_bytes: int) -> Any:
         raise PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
     if data[:2] == _GZIP_MAGIC:
         text = _gunzip(data, max_bytes)
+    elif _is_zlib(data):
+        text = _inflate(data, max_bytes)
     elif data.lstrip(b" \t\r\n")[:1] == b"{":
         text = data
     elif not data:
         raise PayloadError("empty payload")
     else:
-        raise PayloadError(f"not a batch payload: starts with {data[:8]!r} (expected gzip or '{{')")
+        raise PayloadError(f"not a batch payload: starts with {data[:8]!r} (expected zlib, gzip or '{{')")
     try:
         return json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
     except UnicodeDecodeError as exc:
@@ -331,23 +361,27 @@ def _parse(data: bytes | bytearray | memoryview, max_bytes: int) -> Any:
         raise PayloadError("payload JSON is nested too deeply") from None
 
 
-_PREAMBLE = f'{{"format":"{FORMAT}","version":{VERSION},'.encode()
+_PREAMBLES = {v: f'{{"format":"{FORMAT}","version":{v},'.encode() for v in VERSIONS}
 
 
 def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> None:
-    """Integrity check of a payload this encoder wrote (a spooled batch): the gzip stream inflates in
-    full with a matching CRC and length, and starts with the v1 preamble. Inflates in small chunks
-    and keeps nothing, so it costs next to no memory. Plain JSON gets the ``peek`` check instead.
-    Raises PayloadError, and only that."""
+    """Integrity check of a payload this encoder wrote (a spooled batch): the zlib (or gzip) stream
+    inflates in full with a matching checksum and length, and starts with a known preamble. Inflates in
+    small chunks and keeps nothing, so it costs next to no memory. Plain JSON gets the ``peek`` check
+    instead. Raises PayloadError, and only that."""
     try:
         raw = bytes(data)
-        if raw[:2] != _GZIP_MAGIC:
+        if raw[:2] == _GZIP_MAGIC:
+            inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+        elif _is_zlib(raw):
+            inflater = _zlib_inflater(raw)
+        else:
             peek(raw, max_bytes)
             return
-        inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        head = inflater.decompress(raw, len(_PREAMBLE))
-        if head != _PREAMBLE:
-            raise PayloadError("not a v1 batch written by this encoder")
+        size = len(_PREAMBLES[VERSION])
+        head = inflater.decompress(raw, size)
+        if head not in _PREAMBLES.values():
+            raise PayloadError("not a batch written by this encoder")
         total = len(head)
         while not inflater.eof:
             chunk = inflater.decompress(inflater.unconsumed_tail, 65536)
@@ -355,13 +389,13 @@ def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BY
             if total > max_bytes:
                 raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
             if not chunk and not inflater.unconsumed_tail:
-                raise PayloadError("truncated gzip payload")
+                raise PayloadError(f"truncated {'gzip' if raw[:2] == _GZIP_MAGIC else 'zlib'} payload")
         if inflater.unused_data:
-            raise PayloadError("trailing bytes after the gzip payload")
+            raise PayloadError("trailing bytes after the compressed payload")
     except PayloadError:
         raise
     except zlib.error as exc:
-        raise PayloadError(f"corrupt gzip payload: {exc}") from None
+        raise PayloadError(f"corrupt compressed payload: {exc}") from None
     except Exception as exc:  # defensive, as in decode
         raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
 
@@ -380,17 +414,39 @@ def peek(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTE
 
 
 def _gunzip(data: bytes, max_bytes: int) -> bytes:
-    inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
+    return _finish(zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), data, max_bytes, "gzip")
+
+
+def _is_zlib(data: bytes) -> bool:
+    """A zlib stream (RFC 1950) with a preset dictionary: deflate, a valid header check, FDICT set."""
+    return len(data) >= 2 and data[0] & 0x0F == 8 and data[0] >> 4 <= 7 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+def _zlib_inflater(data: bytes) -> Any:
+    if not data[1] & 0x20:
+        raise PayloadError("zlib payload without the preset dictionary")
+    if len(data) < 6:
+        raise PayloadError("truncated zlib payload")
+    if data[2:6] != _ZDICT_ID:
+        raise PayloadError(f"zlib payload with an unknown preset dictionary (id {data[2:6].hex()})")
+    return zlib.decompressobj(wbits=zlib.MAX_WBITS, zdict=ZDICT)
+
+
+def _inflate(data: bytes, max_bytes: int) -> bytes:
+    return _finish(_zlib_inflater(data), data, max_bytes, "zlib")
+
+
+def _finish(inflater: Any, data: bytes, max_bytes: int, kind: str) -> bytes:
     try:
-        text = inflater.decompress(data, max_bytes + 1)
+        text: bytes = inflater.decompress(data, max_bytes + 1)
     except zlib.error as exc:
-        raise PayloadError(f"corrupt gzip payload: {exc}") from None
+        raise PayloadError(f"corrupt {kind} payload: {exc}") from None
     if len(text) > max_bytes:
         raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
     if not inflater.eof:
-        raise PayloadError("truncated gzip payload")
+        raise PayloadError(f"truncated {kind} payload")
     if inflater.unused_data:
-        raise PayloadError("trailing bytes after the gzip payload")
+        raise PayloadError(f"trailing bytes after the {kind} payload")
     return text
 
 
@@ -436,7 +492,9 @@ def from_document(doc: Any) -> Batch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries (one per metric)")
-        decoded = [None if c is None else _column(f"{where}.columns[{j}]", c, n) for j, c in enumerate(cols)]
+        decoded = [
+            None if c is None else _column(f"{where}.columns[{j}]", c, n, header.version) for j, c in enumerate(cols)
+        ]
         for i in range(n):
             values: dict[SeriesKey, float] = {}
             for j, col in enumerate(decoded):
@@ -458,8 +516,8 @@ def _header(doc: Any) -> Header:
     if doc.get("format") != FORMAT:
         raise PayloadError(f"payload format is {doc.get('format')!r}, expected {FORMAT!r}")
     version = doc.get("version")
-    if version != VERSION or isinstance(version, bool):
-        raise PayloadError(f"unsupported payload version {version!r} (this reader knows {VERSION})")
+    if version not in VERSIONS or isinstance(version, bool) or not isinstance(version, int):
+        raise PayloadError(f"unsupported payload version {version!r} (this reader knows 1 and 2)")
     _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
     node = _text("node", doc["node"])
     boot = _text("boot", doc["boot"])
@@ -479,7 +537,7 @@ def _header(doc: Any) -> Header:
     for field in ("metrics", "devices"):
         if not isinstance(doc[field], list):
             raise PayloadError(f"{field} must be an array, not {_jtype(doc[field])}")
-    return Header(node, boot, tuple(seqs), tuple(times))
+    return Header(node, boot, tuple(seqs), tuple(times), version)
 
 
 def _jtype(value: Any) -> str:
@@ -574,7 +632,7 @@ def _info(where: str, value: Any) -> dict[str, str]:
     return value
 
 
-def _column(where: str, value: Any, n: int) -> list[float | None]:
+def _column(where: str, value: Any, n: int, version: int = VERSION) -> list[float | None]:
     if not isinstance(value, dict):
         raise PayloadError(f"{where} must be an object or null, not {_jtype(value)}")
     if "values" in value:
@@ -583,16 +641,34 @@ def _column(where: str, value: Any, n: int) -> list[float | None]:
         if not isinstance(raw, list) or len(raw) != n:
             raise PayloadError(f"{where}.values must be an array of {n} entries")
         return [_raw_value(where, v) for v in raw]
-    _keys(where, value, frozenset(("delta", "scale", "step")), {"delta"})
+    if "const" in value and version >= 2:
+        _keys(where, value, frozenset(("const",)), {"const"})
+        const = _raw_value(where, value["const"])
+        if const is None:
+            raise PayloadError(f"{where}.const must be a value, not null")
+        return [const] * n
+    allowed = _DELTA_KEYS if version >= 2 else _DELTA_KEYS_V1
+    _keys(where, value, allowed, {"delta"})
     scale = _int(f"{where}.scale", value.get("scale", 0))
     if not 0 <= scale <= MAX_SCALE:
         raise PayloadError(f"{where}.scale must be 0 to {MAX_SCALE}, got {scale}")
     step = _int(f"{where}.step", value.get("step", 1))
     if step < 1:
         raise PayloadError(f"{where}.step must be 1 or more, got {step}")
+    order = _int(f"{where}.order", value.get("order", 1))
+    if order not in (1, 2):
+        raise PayloadError(f"{where}.order must be 1 or 2, got {order}")
     deltas = value["delta"]
     if not isinstance(deltas, list) or len(deltas) != n:
         raise PayloadError(f"{where}.delta must be an array of {n} entries")
+    if order == 2:
+        if None in deltas:
+            raise PayloadError(f"{where}.delta of order 2 cannot hold null")
+        for v in deltas:
+            _int(f"{where}.delta", v)
+        deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))
+        if any(abs(v) >= 2 * _SAFE_INT for v in deltas):
+            raise PayloadError(f"{where}.delta runs out of range")
     p = 10**scale
     out: list[float | None] = []
     total = 0
@@ -600,11 +676,15 @@ def _column(where: str, value: Any, n: int) -> list[float | None]:
         if v is None:
             out.append(None)
             continue
-        total += _int(f"{where}.delta", v)
+        total += v if order == 2 else _int(f"{where}.delta", v)
         if abs(total * step) >= _SAFE_INT:
             raise PayloadError(f"{where}.delta runs out of range")
         out.append(total * step / p)
     return out
+
+
+_DELTA_KEYS_V1 = frozenset(("delta", "scale", "step"))
+_DELTA_KEYS = frozenset(("delta", "scale", "step", "order"))
 
 
 def _raw_value(where: str, v: Any) -> float | None:
