@@ -1,11 +1,14 @@
-"""Payload v1: the bytes a batch of samples travels as, and back.
+"""The batch payload (version 2, reading version 1 too): the bytes a batch of samples travels as, and back.
 
-One module holds both directions so that they cannot drift apart. The document is JSON, sent gzip-
-compressed (or plain, for debugging); a reader tells them apart by the first bytes (``1f 8b`` or ``{``).
-It is columnar: each device's labels, and each metric's key, appear once per batch, and the values of a
-series over the batch's samples form one column. Columns of decimal numbers (integer percent, milliwatts,
-MHz, bytes...) are stored as scaled integer deltas, which gzip shrinks to a byte or two per value. The
-full description is docs/payload.md; the JSON Schema is ``payload.schema.json`` next to this file.
+One module holds both directions so that they cannot drift apart. The document is JSON, sent compressed
+with zlib and a preset dictionary (``_zdict.ZDICT``: the JSON skeleton and catalog keys, so that even the
+first occurrence of a key costs a back-reference), or plain, for debugging; version 1 agents sent gzip.
+A reader tells them apart by the first bytes (``78``, ``1f 8b`` or ``{``). The document is columnar:
+each device's labels, and each metric's key, appear once per batch, and the values of a series over the
+batch's samples form one column. Columns of decimal numbers (integer percent, milliwatts, MHz, bytes...)
+are stored as scaled integer deltas (or deltas of deltas, where shorter), a column that holds still as
+its one value. The full description is docs/payload.md; the JSON Schema is ``payload.schema.json`` next
+to this file.
 
 ``decode`` trusts nothing: anything malformed raises :class:`PayloadError` (one line a log can carry),
 never another exception, and the size of the input and of the inflated document is bounded.
@@ -56,7 +59,7 @@ _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
 
 
 class PayloadError(ValueError):
-    """A payload that is not a valid v1 batch; the message is one line."""
+    """A payload that is not a valid batch; the message is one line."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -318,7 +321,7 @@ def _raw(v: float | None) -> float | str | None:
 
 
 def decode(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> Batch:
-    """The batch in ``data`` (gzip or plain JSON). Raises PayloadError, and only that, when invalid."""
+    """The batch in ``data`` (zlib, gzip or plain JSON). Raises PayloadError, and only that, when invalid."""
     try:
         return _decode(data, max_bytes)
     except PayloadError:
@@ -703,7 +706,7 @@ def _raw_value(where: str, v: Any) -> float | None:
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema of the v1 document (payload.schema.json, shipped with the package)."""
+    """The JSON Schema of the document, versions 1 and 2 (payload.schema.json, shipped with the package)."""
     from importlib import resources
 
     text = resources.files("gpu_exporter.forward").joinpath("payload.schema.json").read_text("utf-8")

@@ -331,7 +331,7 @@ class Forwarder:
             if data is None:
                 continue
             try:
-                verify(data)  # gzip CRC and length: what a damaged file or a torn write breaks
+                verify(data)  # zlib checksum and length: what a damaged file or a torn write breaks
             except PayloadError as exc:
                 self.spool.quarantine(entry, data, str(exc))
                 continue

@@ -1,6 +1,6 @@
 """``gpu-exporter tail``: subscribe to the batch topics and print decoded samples as JSON lines.
 
-What to reach for when ``mosquitto_sub`` shows gzip bytes: one line per device and sample, with the
+What to reach for when ``mosquitto_sub`` shows compressed bytes: one line per device and sample, with the
 node, boot id, sequence number, timestamp and the values under their Prometheus names.
 """
 
