@@ -26,9 +26,7 @@ HEADER = (
 
 def render() -> str:
     docs = kustomize_lite.build(ROOT / "deploy" / "kubeedge")
-    return HEADER + "---\n" + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False).replace(
-        "\n...\n", "\n"
-    )
+    return HEADER + "---\n" + yaml.safe_dump_all(docs, sort_keys=False, explicit_start=False).replace("\n...\n", "\n")
 
 
 if __name__ == "__main__":
