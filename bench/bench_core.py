@@ -6,7 +6,9 @@ Prints:
   2. scrape latency p50/p99 with 4 concurrent keep-alive clients (gzip, as Prometheus asks);
   3. exporter CPU (% of one core) and RSS at a 1 s interval over --cpu-seconds (default 60 s).
 
-Usage: python bench/bench_core.py [--runs 3] [--cpu-seconds 60] [--scrape-seconds 10]
+  4. RSS once the default 1024-sample ring is full.
+
+Usage: python bench/bench_core.py [--runs 3] [--cpu-seconds 60] [--scrape-seconds 10] [--only-full-ring]
 """
 
 from __future__ import annotations
@@ -230,12 +232,37 @@ def cpu_and_rss(seconds: float) -> tuple[float, float, float]:
     return cpu, rss, peak
 
 
+def full_ring_rss() -> tuple[float, float]:
+    """RSS once the default 1024-sample ring is full (filled fast at a 100 ms interval), and before."""
+    proc, port = start_exporter("100ms")
+    time.sleep(5)
+    early = proc_rss(proc.pid)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        conn.request("GET", "/metrics")
+        page = conn.getresponse().read().decode()
+        if "gpu_exporter_ring_overwritten_total 0.0" not in page and "gpu_exporter_ring_samples 1024.0" in page:
+            break
+        time.sleep(2)
+    time.sleep(5)
+    full = proc_rss(proc.pid)
+    proc.send_signal(signal.SIGTERM)
+    proc.wait(10)
+    return early, full
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--cpu-seconds", type=float, default=60)
     parser.add_argument("--scrape-seconds", type=float, default=10)
+    parser.add_argument("--only-full-ring", action="store_true", help="run only the full-ring RSS stage")
     args = parser.parse_args()
+    if args.only_full_ring:
+        early, full = full_ring_rss()
+        print(f"RSS with the default 1024-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
+        return
 
     collect_cycle(runs=101)
 
@@ -249,6 +276,9 @@ def main() -> None:
     cpu, rss, peak = cpu_and_rss(args.cpu_seconds)
     print(f"exporter at a 1 s interval over {args.cpu_seconds:g} s (scraped every 15 s):")
     print(f"  CPU {cpu:.2f} % of one core (simulated library included)   RSS {rss:.1f} MiB (peak {peak:.1f} MiB)")
+
+    early, full = full_ring_rss()
+    print(f"RSS with the default 1024-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
 
 
 if __name__ == "__main__":

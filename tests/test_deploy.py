@@ -456,3 +456,18 @@ def test_dockerignore_keeps_the_context_small() -> None:
         assert source.rstrip("/") in allowed or source.split("/")[0] in allowed
     for source in ("pyproject.toml", "src"):
         assert (ROOT / source).exists()
+
+
+def test_single_file_daemonset_is_the_rendered_kubeedge_overlay() -> None:
+    """deploy/daemonset.yaml (for kubectl apply -f) must match what the kustomizations render."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("render_deploy", ROOT / "tools" / "render_deploy.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert (ROOT / "deploy" / "daemonset.yaml").read_text() == module.render(), (
+        "deploy/daemonset.yaml is stale: run python tools/render_deploy.py"
+    )
+    docs = [d for d in yaml.safe_load_all((ROOT / "deploy" / "daemonset.yaml").read_text()) if d]
+    assert "DaemonSet" in {d["kind"] for d in docs}

@@ -135,3 +135,23 @@ def test_port_in_use_raises_oserror() -> None:
             MetricsServer(f"127.0.0.1:{first.port}", "/metrics", exposition, lambda: (True, ""))
     finally:
         first.stop()
+
+
+def test_client_reset_is_not_a_traceback(capfd: pytest.CaptureFixture[str]) -> None:
+    import socket
+    import struct
+    import time
+
+    exposition = Exposition(CollectorRegistry(), native_view())
+    server = MetricsServer("127.0.0.1:0", "/metrics", exposition, lambda: (True, ""))
+    server.start()
+    try:
+        for _ in range(3):
+            with socket.create_connection(("127.0.0.1", server.port)) as conn:
+                conn.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                conn.sendall(b"GET /metr")  # then reset mid-request
+        time.sleep(0.3)
+        assert http_get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+    finally:
+        server.stop()
+    assert "Traceback" not in capfd.readouterr().err

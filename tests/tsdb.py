@@ -62,6 +62,15 @@ class Server:
         self.proc: subprocess.Popen[bytes] | None = None
         self.log_path = workdir / f"{self.name}.log"
 
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def write_url(self) -> str:
+        """The remote-write endpoint (the same path on Prometheus and VictoriaMetrics)."""
+        return self.url + "/api/v1/write"
+
     def command(self) -> list[str]:
         raise NotImplementedError
 
@@ -112,14 +121,6 @@ class PrometheusServer(Server):
             config += f"storage:\n  tsdb:\n    out_of_order_time_window: {ooo_window}\n"
         (workdir / "prometheus.yml").write_text(config)
 
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def write_url(self) -> str:
-        return self.url + "/api/v1/write"
-
     def command(self) -> list[str]:
         return [
             PROMETHEUS,
@@ -157,14 +158,6 @@ class VictoriaMetricsServer(Server):
     def __init__(self, workdir: Path, retention: str = "1") -> None:
         super().__init__(workdir)
         self.retention = retention
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
-
-    @property
-    def write_url(self) -> str:
-        return self.url + "/api/v1/write"
 
     def command(self) -> list[str]:
         return [

@@ -8,11 +8,12 @@ to exactly one key. The README's metric table is generated from this module.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
-__all__ = ["CATALOG", "GROUPS", "Family", "Metric", "by_key", "families"]
+__all__ = ["CATALOG", "GROUPS", "Family", "Metric", "by_key", "families", "kept_keys", "name_filter"]
 
 MetricType = Literal["gauge", "counter"]
 
@@ -590,3 +591,24 @@ def markdown_table() -> str:
         dcgm = ", ".join(m.dcgm for m in fam.metrics if m.dcgm) or "-"
         rows.append(f"| `{fam.name}` | {fam.type} | {labels} | {groups} | {dcgm} |")
     return "\n".join(rows) + "\n"
+
+
+def name_filter(include: str = "", exclude: str = "") -> Callable[[str], bool]:
+    """``--metrics.include`` / ``--metrics.exclude`` as a predicate on metric names."""
+    inc = re.compile(include) if include else None
+    exc = re.compile(exclude) if exclude else None
+
+    def keep(name: str) -> bool:
+        if inc is not None and not inc.search(name):
+            return False
+        return not (exc is not None and exc.search(name))
+
+    return keep
+
+
+def kept_keys(include: str = "", exclude: str = "") -> frozenset[str] | None:
+    """Catalog keys whose metric name passes the filter; None when nothing is filtered."""
+    if not include and not exclude:
+        return None
+    keep = name_filter(include, exclude)
+    return frozenset(m.key for m in CATALOG if keep(m.name))

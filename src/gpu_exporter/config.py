@@ -20,7 +20,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from gpu_exporter import catalog
-from gpu_exporter.units import parse_duration, parse_size
+from gpu_exporter.units import format_duration, parse_duration, parse_size
 
 __all__ = ["OPTIONS", "Config", "ConfigError", "Option", "env_name", "load"]
 
@@ -686,6 +686,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     )
     for opt in OPTIONS:
         default = getattr(Config(), opt.field)
+        if isinstance(default, float) and opt.metavar == "DURATION":
+            default = format_duration(default)
         shown = f" (default: {default})" if default not in ("", None) else ""
         parser.add_argument(
             f"--{opt.name}",

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import re
 import socket
 import sys
 import threading
@@ -24,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from gpu_exporter import __version__, catalog
 from gpu_exporter.backends.base import Backend
+from gpu_exporter.catalog import name_filter
 from gpu_exporter.model import DeviceId, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
@@ -105,18 +105,6 @@ _INFO_ORDER = ("name", "serial", "pci_bus_id", "device", "driver_version", "cuda
 def _native_info_labels(device: DeviceId, info: dict[str, str]) -> str:
     keys = [k for k in _INFO_ORDER if k in info] + sorted(k for k in info if k not in _INFO_ORDER)
     return _pairs([*device.labels(), *((k, info[k]) for k in keys)])
-
-
-def name_filter(include: str = "", exclude: str = "") -> Callable[[str], bool]:
-    inc = re.compile(include) if include else None
-    exc = re.compile(exclude) if exclude else None
-
-    def keep(name: str) -> bool:
-        if inc is not None and not inc.search(name):
-            return False
-        return not (exc is not None and exc.search(name))
-
-    return keep
 
 
 def native_view(include: str = "", exclude: str = "", enabled: Callable[[str], bool] = lambda g: True) -> View:
@@ -350,6 +338,10 @@ class _Server(ThreadingHTTPServer):
         self.exposition = exposition
         self.ready = ready
         super().__init__(address, _Handler)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is its own business: one debug line, no traceback."""
+        log.debug("http: request from %s failed: %s", client_address, sys.exc_info()[1])
 
 
 def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:

@@ -17,7 +17,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from gpu_exporter import catalog
-from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape, name_filter
+from gpu_exporter.catalog import name_filter
+from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId
 

@@ -415,4 +415,6 @@ class SimNvml:
 
 def create(config: Config) -> NvmlBackend:
     sim = SimNvml(gpus=config.fake_gpus, mig=config.fake_mig, seed=config.fake_seed)
-    return NvmlBackend(config, nvml=sim)
+    backend = NvmlBackend(config, nvml=sim)
+    backend.name = "fake"  # the NVML backend code, on simulated GPUs: say so in logs and self-metrics
+    return backend

@@ -44,20 +44,23 @@ _TURN = 0.1  # longest wait of one loop turn
 _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 
 
-def round_values(sample: Sample, digits: int) -> Sample:
+def round_values(sample: Sample, digits: int, keys: frozenset[str] | None = None) -> Sample:
     """Fractional gauge values to ``digits`` significant digits (0: unchanged); counters stay exact.
 
     NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits, of which no
     sensor means more than a few; rounded, they become decimals the codec stores as small integer deltas.
-    A counter is never rounded: its resolution must not degrade as it grows.
+    A counter is never rounded: its resolution must not degrade as it grows. With ``keys`` (from
+    ``--metrics.include``/``--metrics.exclude``) only those catalog keys are forwarded.
     """
-    if not digits:
+    if not digits and keys is None:
         return sample
     devices = []
     for dev in sample.devices:
         values = {}
         for series, v in dev.values.items():
-            if series[0] not in _COUNTERS and math.isfinite(v) and not float(v).is_integer():
+            if keys is not None and series[0] not in keys:
+                continue
+            if digits and series[0] not in _COUNTERS and math.isfinite(v) and not float(v).is_integer():
                 v = float(f"{v:.{digits}g}")
             values[series] = v
         devices.append(DeviceSample(dev.device, dev.up, values, dev.info, dev.processes))
@@ -135,6 +138,7 @@ class Forwarder:
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.config = config
+        self._keys = catalog.kept_keys(config.metrics_include, config.metrics_exclude)
         self.ring = ring
         self.node = config.node_name
         self.boot = boot or uuid.uuid4().hex
@@ -235,7 +239,7 @@ class Forwarder:
             self._last_seq = sample.seq
 
     def _round(self, sample: Sample) -> Sample:
-        return round_values(sample, self.config.mqtt_value_digits)
+        return round_values(sample, self.config.mqtt_value_digits, self._keys)
 
     def _span(self) -> float:
         return self.config.mqtt_batch_interval * self._growth
