@@ -151,7 +151,13 @@ class Collector:
     the exporter publishes while the collector is reconnecting is delivered afterwards.
     """
 
-    def __init__(self, broker: Broker, prefix: str = "gpu-exporter", **client_args: Any) -> None:
+    def __init__(
+        self,
+        broker: Broker,
+        prefix: str = "gpu-exporter",
+        reconnect_delay: tuple[float, float] = (0.1, 0.5),
+        **client_args: Any,
+    ) -> None:
         self.broker = broker
         self.batches: list[Batch] = []
         self.raw: list[bytes] = []
@@ -166,14 +172,16 @@ class Collector:
             client_id=f"collector-{uuid.uuid4().hex[:8]}",
             protocol=MQTTProtocolVersion.MQTTv5,
         )
-        self.client.reconnect_delay_set(0.1, 0.5)
+        self.client.reconnect_delay_set(*reconnect_delay)
         if client_args.get("username"):
             self.client.username_pw_set(client_args["username"], client_args.get("password"))
         if client_args.get("tls_ca"):
             self.client.tls_set(ca_certs=client_args["tls_ca"])
         self.client.on_connect = self._on_connect
+        self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message
         self.connected = threading.Event()
+        self.subscribed = threading.Event()
 
     def __enter__(self) -> Collector:
         props = Properties(PacketTypes.CONNECT)
@@ -181,6 +189,9 @@ class Collector:
         self.client.connect("127.0.0.1", self.broker.port, keepalive=10, clean_start=False, properties=props)
         self.client.loop_start()
         assert self.connected.wait(10), "collector could not connect"
+        # Only a SUBACK says the broker holds the subscription: a test that stops the broker right away
+        # must not leave it a session without one (restored as "present", so never subscribed again).
+        assert self.subscribed.wait(10), "collector could not subscribe"
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -189,9 +200,15 @@ class Collector:
             self.client.disconnect()
 
     def _on_connect(self, client: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
-        if not flags.session_present:
+        if flags.session_present:
+            self.subscribed.set()
+        else:
             client.subscribe([(self.topic, 1), (self.status_topic, 1)])
         self.connected.set()
+
+    def _on_subscribe(self, client: paho.Client, userdata: Any, mid: int, reasons: Any, props: Any) -> None:
+        if all(not r.is_failure for r in reasons):
+            self.subscribed.set()
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         if msg.topic.endswith("/status"):
@@ -221,6 +238,16 @@ class Collector:
     def count(self) -> int:
         with self._lock:
             return sum(len(b.samples) for b in self.batches)
+
+    def caught_up(self, boot: str, acknowledged: float) -> bool:
+        """True once this subscriber holds at least ``acknowledged`` distinct samples of ``boot``.
+
+        A PUBACK means the broker has a batch, not that it reached us: after an outage the broker may
+        still be sending what it queued for this session (the newest batch first, so the highest
+        sequence number says nothing). Wait on this, with the exporter's own published count, before
+        comparing what arrived with what was sent.
+        """
+        return len(self.seqs(boot).get(boot, ())) >= acknowledged
 
 
 def make_tls(dirpath: Path, client: bool = True) -> dict[str, str]:

@@ -157,7 +157,8 @@ def test_broker_outage_spools_then_sends_newest_first_and_loses_nothing(broker: 
             assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 20)
         last = ring.latest()
         assert last is not None
-        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 10)
+        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_published_samples_total") >= last.seq, 10)
+        assert wait_until(lambda: sub.caught_up(fwd.boot, last.seq), 10)
         assert contiguous(sub.seqs()[fwd.boot])
         after = sub.order[arrived_before:]
         # The first batch after the outage is the newest of the spooled data; the backlog follows.
@@ -176,7 +177,9 @@ def test_spool_cap_drops_oldest_batches_and_counts_every_lost_sample(
     tmp_path: Path, broker: Broker, running: Any
 ) -> None:
     ring = RingBuffer(4096)
-    with Collector(broker) as sub:
+    # The subscriber comes back after the exporter (as a bridge may): the broker holds the batches in its
+    # persistent session and sends them late, the newest first.
+    with Collector(broker, reconnect_delay=(2.0, 2.0)) as sub:
         broker.stop()
         fwd, registry = running(ring, **{"spool.max-bytes": "64KiB", "mqtt.batch-interval": "50ms"})
         with Feeder(ring, interval=0.005, noisy=True):
@@ -187,9 +190,12 @@ def test_spool_cap_drops_oldest_batches_and_counts_every_lost_sample(
         broker.start()
         last = ring.latest()
         assert last is not None
+        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 30)  # the newest goes first
         assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 30)
-        assert wait_until(lambda: max(sub.seqs().get(fwd.boot, {0})) >= last.seq, 10)
+        published = metric(registry, "gpu_exporter_forward_published_samples_total")
+        assert wait_until(lambda: sub.caught_up(fwd.boot, published), 15)
         got = sub.seqs()[fwd.boot]
+        assert len(got) == published  # every sample the broker acknowledged arrived, once
         lost = set(range(1, last.seq + 1)) - got
         assert lost, "the cap was reached, something must have been dropped"
         assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="max_bytes") == len(lost)
