@@ -14,10 +14,13 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
 import yaml
+
+if TYPE_CHECKING:
+    import ssl
 
 from gpu_exporter import catalog
 from gpu_exporter.units import format_duration, parse_duration, parse_size
@@ -827,19 +830,38 @@ def _check_forwarding(config: Config) -> None:
     if config.mqtt_password_file and not config.mqtt_username:
         raise ConfigError("--mqtt.password-file needs --mqtt.username")
     if config.mqtt_url.startswith("mqtts://"):
-        import ssl
+        tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
 
+
+def tls_context(config: Config) -> ssl.SSLContext:
+    """The TLS settings for mqtts://, or ConfigError naming the file that does not load."""
+    import ssl
+
+    try:
+        ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
+    except (OSError, ssl.SSLError) as exc:
+        raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: cannot load: {error_reason(exc)}") from None
+    if config.mqtt_tls_cert_file:
         try:
-            ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
+            ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
         except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: not a CA bundle: {exc}") from None
-        if config.mqtt_tls_cert_file:
-            try:
-                ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
-            except (OSError, ssl.SSLError) as exc:
-                raise ConfigError(
-                    f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load certificate and key: {exc}"
-                ) from None
+            raise ConfigError(
+                f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load the certificate and key: {error_reason(exc)}"
+            ) from None
+    return ctx
+
+
+def error_reason(exc: BaseException) -> str:
+    """The useful part of an OSError or SSL error, for one-line messages."""
+    import ssl
+
+    if isinstance(exc, ssl.SSLCertVerificationError):
+        return exc.verify_message or str(exc)
+    if isinstance(exc, ssl.SSLError):
+        return exc.reason or str(exc)
+    if isinstance(exc, OSError) and exc.strerror:
+        return exc.strerror
+    return str(exc) or type(exc).__name__
 
 
 def replace(config: Config, **changes: Any) -> Config:

@@ -27,7 +27,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from gpu_exporter.config import Config, ConfigError
+from gpu_exporter.config import Config, tls_context
+from gpu_exporter.config import error_reason as _reason
 
 __all__ = ["Link", "LinkSettings", "tls_context"]
 
@@ -67,36 +68,10 @@ class LinkSettings:
         )
 
 
-def tls_context(config: Config) -> ssl.SSLContext:
-    """The TLS settings for mqtts://, or ConfigError naming the file that does not load."""
-    try:
-        ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
-    except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: cannot load: {_reason(exc)}") from None
-    if config.mqtt_tls_cert_file:
-        try:
-            ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
-        except (OSError, ssl.SSLError) as exc:
-            raise ConfigError(
-                f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load the certificate and key: {_reason(exc)}"
-            ) from None
-    return ctx
-
-
 def read_password(path: str) -> str:
     """First line of the password file (re-read at every connection, so a rotated secret is picked up)."""
     with open(path, encoding="utf-8") as handle:
         return handle.readline().rstrip("\r\n")
-
-
-def _reason(exc: BaseException) -> str:
-    if isinstance(exc, ssl.SSLCertVerificationError):
-        return exc.verify_message or str(exc)
-    if isinstance(exc, ssl.SSLError):
-        return exc.reason or str(exc)
-    if isinstance(exc, OSError) and exc.strerror:
-        return exc.strerror
-    return str(exc) or type(exc).__name__
 
 
 class Link:
