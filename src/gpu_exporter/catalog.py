@@ -482,6 +482,40 @@ CATALOG: tuple[Metric, ...] = (
         "xid",
         labels=("xid",),
     ),
+    # per-pod attribution (k8s/): produced by the attributor, forwarded with the device's values
+    _m(
+        "pod_info",
+        "gpu_pod_info",
+        "gauge",
+        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+        "processes",
+        labels=("namespace", "pod", "container"),
+    ),
+    _m(
+        "pod_memory",
+        "gpu_pod_memory_used_bytes",
+        "gauge",
+        "Device memory used by the container's GPU processes, in bytes.",
+        "processes",
+        labels=("namespace", "pod", "container"),
+    ),
+    _m(
+        "pod_utilization",
+        "gpu_pod_utilization_ratio",
+        "gauge",
+        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
+        "processes",
+        labels=("namespace", "pod", "container"),
+    ),
+    _m(
+        "pod_energy",
+        "gpu_pod_energy_joules_total",
+        "counter",
+        "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
+        "since it appeared on the GPU.",
+        "processes",
+        labels=("namespace", "pod", "container"),
+    ),
     # --- vendor-specific additions (AMD, Jetson) go below this line ---
     _m(
         "multimedia_utilization",

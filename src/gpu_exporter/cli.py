@@ -153,7 +153,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
     forwarder = None
     if getattr(config, "mqtt_url", ""):
         forward = importlib.import_module("gpu_exporter.forward.service")
-        forwarder = forward.Forwarder(config, ring, registry)
+        extra = attributor.device_values if attributor is not None else None  # per-pod series go too
+        forwarder = forward.Forwarder(config, ring, registry, extra=extra)
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)

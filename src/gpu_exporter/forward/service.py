@@ -19,7 +19,7 @@ import threading
 import time
 import uuid
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -28,7 +28,7 @@ from gpu_exporter.config import Config
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
 from gpu_exporter.forward.mqtt import Link, LinkSettings
 from gpu_exporter.forward.spool import Entry, Spool
-from gpu_exporter.model import DeviceSample, Sample
+from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["Forwarder", "round_values"]
@@ -44,20 +44,28 @@ _TURN = 0.1  # longest wait of one loop turn
 _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 
 
-def round_values(sample: Sample, digits: int, keys: frozenset[str] | None = None) -> Sample:
+def round_values(
+    sample: Sample,
+    digits: int,
+    keys: frozenset[str] | None = None,
+    extra: Mapping[str, Mapping[SeriesKey, float]] | None = None,
+) -> Sample:
     """Fractional gauge values to ``digits`` significant digits (0: unchanged); counters stay exact.
 
     NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits, of which no
     sensor means more than a few; rounded, they become decimals the codec stores as small integer deltas.
     A counter is never rounded: its resolution must not degrade as it grows. With ``keys`` (from
-    ``--metrics.include``/``--metrics.exclude``) only those catalog keys are forwarded.
+    ``--metrics.include``/``--metrics.exclude``) only those catalog keys are forwarded. ``extra`` adds
+    values by device UUID (the per-pod series of pod attribution).
     """
-    if not digits and keys is None:
+    if not digits and keys is None and not extra:
         return sample
     devices = []
     for dev in sample.devices:
         values = {}
-        for series, v in dev.values.items():
+        added = extra.get(dev.device.uuid) if extra and dev.up else None
+        readings = [*dev.values.items(), *added.items()] if added else dev.values.items()
+        for series, v in readings:
             if keys is not None and series[0] not in keys:
                 continue
             if digits and series[0] not in _COUNTERS and math.isfinite(v) and not float(v).is_integer():
@@ -136,8 +144,10 @@ class Forwarder:
         *,
         boot: str | None = None,
         clock: Callable[[], float] = time.monotonic,
+        extra: Callable[[], Mapping[str, Mapping[SeriesKey, float]]] | None = None,
     ) -> None:
         self.config = config
+        self._extra = extra  # more values by device UUID: the newest per-pod series
         self._keys = catalog.kept_keys(config.metrics_include, config.metrics_exclude)
         self.ring = ring
         self.node = config.node_name
@@ -227,19 +237,22 @@ class Forwarder:
         for sample in samples:
             if not self._open.samples:
                 self._open = _OpenBatch(self._clock())
-            # The open batch keeps the ring's own Sample objects (no copy); rounding happens per encode.
-            data = encode(Batch(self.node, self.boot, (self._round(sample),)), level=1)
+            # Prepared once, when the sample is taken: filtered, rounded, and with the per-pod series of
+            # that moment (the open batch holds the ring's own object when there is nothing to change).
+            prepared = self._prepare(sample)
+            data = encode(Batch(self.node, self.boot, (prepared,)), level=1)
             key = self.spool.journal(self.boot, sample.seq, data)
             if key is None:
                 self.metrics.spool_errors.inc()
             else:
                 self._open.journal.append(key)
-            self._open.samples.append(sample)
+            self._open.samples.append(prepared)
             self._open.device_samples += max(1, len(sample.devices))
             self._last_seq = sample.seq
 
-    def _round(self, sample: Sample) -> Sample:
-        return round_values(sample, self.config.mqtt_value_digits, self._keys)
+    def _prepare(self, sample: Sample) -> Sample:
+        extra = self._extra() if self._extra is not None else None
+        return round_values(sample, self.config.mqtt_value_digits, self._keys, extra)
 
     def _span(self) -> float:
         return self.config.mqtt_batch_interval * self._growth
@@ -269,7 +282,7 @@ class Forwarder:
 
     def _store(self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "") -> list[Entry]:
         """Encode (splitting what exceeds --mqtt.batch-max-bytes) and spool; journal keys go with it."""
-        data = encode(Batch(node or self.node, boot or self.boot, tuple(self._round(s) for s in samples)))
+        data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))  # prepared in _take
         devices = sum(max(1, len(s.devices)) for s in samples)
         self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
         if len(data) > self.config.mqtt_batch_max_bytes and len(samples) > 1:

@@ -28,8 +28,8 @@ from gpu_exporter.k8s.podresources import (
     device_matches,
     list_pod_resources,
 )
-from gpu_exporter.k8s.render import PodSeries, render
-from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.k8s.render import KEYS, PodSeries, render
+from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["DevicePods", "PodAttributor"]
@@ -76,6 +76,7 @@ class PodAttributor:
         self._seq = 0
         self._lock = threading.Lock()
         self._text = ""
+        self._values: dict[str, dict[SeriesKey, float]] = {}
         self._device_pods = DevicePods({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -102,6 +103,11 @@ class PodAttributor:
         with self._lock:
             return self._text
 
+    def device_values(self) -> dict[str, dict[SeriesKey, float]]:
+        """The per-pod series of the newest sample as catalog values by device UUID, for the forwarder."""
+        with self._lock:
+            return self._values
+
     def device_pods(self) -> DevicePods:
         with self._lock:
             return self._device_pods
@@ -126,8 +132,14 @@ class PodAttributor:
         for sample in samples:
             self._seq = max(self._seq, sample.seq)
             series, device_pods = self._account(sample, assignments)
+        values: dict[str, dict[SeriesKey, float]] = {}
+        for name, labels, value in series:
+            pairs = dict(labels)
+            key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"]))
+            values.setdefault(pairs["uuid"], {})[key] = value
         with self._lock:
             self._text = render(series)
+            self._values = values
             self._device_pods = device_pods
         if self._pods_gauge is not None:
             self._pods_gauge.set(sum(1 for name, _, _ in series if name == "gpu_pod_info"))

@@ -4,23 +4,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-__all__ = ["FAMILIES", "PodSeries", "render"]
+from gpu_exporter import catalog
 
+__all__ = ["FAMILIES", "KEYS", "PodSeries", "render"]
+
+# family name -> (type, help), from the catalog so that /metrics and the forwarded series agree
+KEYS: dict[str, str] = {
+    "gpu_pod_info": "pod_info",
+    "gpu_pod_memory_used_bytes": "pod_memory",
+    "gpu_pod_utilization_ratio": "pod_utilization",
+    "gpu_pod_energy_joules_total": "pod_energy",
+}
 FAMILIES: dict[str, tuple[str, str]] = {
-    "gpu_pod_info": (
-        "gauge",
-        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
-    ),
-    "gpu_pod_memory_used_bytes": ("gauge", "Device memory used by the container's GPU processes, in bytes."),
-    "gpu_pod_utilization_ratio": (
-        "gauge",
-        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
-    ),
-    "gpu_pod_energy_joules_total": (
-        "counter",
-        "GPU energy above idle attributed to the container by its share of SM "
-        "utilization, in joules, since it appeared on the GPU.",
-    ),
+    name: (catalog.by_key(key).type, catalog.by_key(key).help) for name, key in KEYS.items()
 }
 
 # (family name, label pairs, value)
