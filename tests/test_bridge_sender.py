@@ -6,7 +6,6 @@ import base64
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,25 +16,13 @@ from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped, classify
 
 from .bridge_helpers import ScriptedReceiver
-from .tsdb import PrometheusServer, VictoriaMetricsServer
+from .tsdb import PrometheusServer, prometheus_fixture, victoria_fixture
 
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path_factory.mktemp("prom"), ooo_window="3h")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def victoria(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictoriaMetricsServer]:
-    server = VictoriaMetricsServer(tmp_path_factory.mktemp("vm"))
-    server.start()
-    yield server
-    server.stop()
+victoria = victoria_fixture()
+prometheus = prometheus_fixture("3h")
 
 
 def _series(name: str, stamps: list[int], node: str = "edge-1", n: int = 3) -> list[Series]:

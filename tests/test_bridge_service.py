@@ -15,7 +15,14 @@ from gpu_exporter.bridge.service import Bridge, BridgeSettings
 from gpu_exporter.forward.batch import encode
 
 from .bridge_helpers import Publisher, expected_points, make_batch, stored_points
-from .tsdb import MosquittoServer, PrometheusServer, VictoriaMetricsServer, wait_until
+from .tsdb import (
+    MosquittoServer,
+    PrometheusServer,
+    VictoriaMetricsServer,
+    prometheus_fixture,
+    victoria_fixture,
+    wait_until,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -28,20 +35,8 @@ def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
-    server = PrometheusServer(tmp_path_factory.mktemp("prom"), ooo_window="6h")
-    server.start()
-    yield server
-    server.stop()
-
-
-@pytest.fixture(scope="module")
-def victoria(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictoriaMetricsServer]:
-    server = VictoriaMetricsServer(tmp_path_factory.mktemp("vm"))
-    server.start()
-    yield server
-    server.stop()
+victoria = victoria_fixture()
+prometheus = prometheus_fixture("6h")
 
 
 class Running:

@@ -15,9 +15,11 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
@@ -216,3 +218,29 @@ class MosquittoServer(Server):
     @property
     def url(self) -> str:
         return f"mqtt://127.0.0.1:{self.port}"
+
+
+def prometheus_fixture(ooo_window: str) -> Any:
+    """A module-scoped fixture named ``prometheus``: one real Prometheus with that out-of-order window."""
+
+    @pytest.fixture(scope="module")
+    def prometheus(tmp_path_factory: pytest.TempPathFactory) -> Iterator[PrometheusServer]:
+        server = PrometheusServer(tmp_path_factory.mktemp("prom"), ooo_window=ooo_window)
+        server.start()
+        yield server
+        server.stop()
+
+    return prometheus
+
+
+def victoria_fixture() -> Any:
+    """A module-scoped fixture named ``victoria``: one real VictoriaMetrics."""
+
+    @pytest.fixture(scope="module")
+    def victoria(tmp_path_factory: pytest.TempPathFactory) -> Iterator[VictoriaMetricsServer]:
+        server = VictoriaMetricsServer(tmp_path_factory.mktemp("vm"))
+        server.start()
+        yield server
+        server.stop()
+
+    return victoria

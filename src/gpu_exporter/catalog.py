@@ -53,6 +53,7 @@ _TEMP = "Temperature in degrees Celsius, by sensor."
 _CLOCK = "Current clock frequency in hertz, by clock domain."
 _MAXCLOCK = "Maximum clock frequency in hertz, by clock domain."
 _PCIE = "PCIe throughput in bytes per second, by direction."
+_POD = ("namespace", "pod", "container")  # labels of the per-pod series
 
 CATALOG: tuple[Metric, ...] = (
     # utilization
@@ -489,7 +490,7 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
         "processes",
-        labels=("namespace", "pod", "container"),
+        labels=_POD,
     ),
     _m(
         "pod_memory",
@@ -497,7 +498,7 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         "Device memory used by the container's GPU processes, in bytes.",
         "processes",
-        labels=("namespace", "pod", "container"),
+        labels=_POD,
     ),
     _m(
         "pod_utilization",
@@ -505,7 +506,7 @@ CATALOG: tuple[Metric, ...] = (
         "gauge",
         "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
         "processes",
-        labels=("namespace", "pod", "container"),
+        labels=_POD,
     ),
     _m(
         "pod_energy",
@@ -514,7 +515,7 @@ CATALOG: tuple[Metric, ...] = (
         "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
         "since it appeared on the GPU.",
         "processes",
-        labels=("namespace", "pod", "container"),
+        labels=_POD,
     ),
     # --- vendor-specific additions (AMD, Jetson) go below this line ---
     _m(
