@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import gzip
 import os
+import random
 import shutil
 import signal
 import socket
@@ -22,6 +23,7 @@ import sys
 import tempfile
 import threading
 import time
+import uuid as uuidlib
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -38,7 +40,7 @@ from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.forward.batch import Batch, encode, peek  # noqa: E402
 from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402
 from gpu_exporter.forward.spool import Spool  # noqa: E402
-from gpu_exporter.model import Sample  # noqa: E402
+from gpu_exporter.model import DeviceId, DeviceSample, Sample  # noqa: E402
 from gpu_exporter.ring import RingBuffer  # noqa: E402
 from gpu_exporter.units import parse_size  # noqa: E402
 
@@ -50,15 +52,31 @@ MQTT_FRAMING = 2 + 2 + len(TOPIC) + 2 + 1 + 4  # PUBLISH header, topic, packet i
 
 
 def simulated_samples(n: int, start_seq: int = 1, t0: float = 1_764_000_000.0) -> list[Sample]:
-    """``n`` distinct samples of 8 simulated GPUs, 5 s apart (the simulator runs on a fake clock)."""
+    """``n`` distinct samples of 8 simulated GPUs, 5 s apart (the simulator runs on a fake clock).
+
+    The simulator's UUIDs and serial numbers are patterned (GPU-00000000-0001-...); real ones are random
+    and cost more bytes, in the payload and in the Prometheus text alike. Each GPU gets a random UUID
+    and serial (seeded, so every run measures the same bytes)."""
     now = [t0]
     sim = SimNvml(gpus=GPUS, clock=lambda: now[0])
     backend = NvmlBackend(cfg.Config(gpu_vendor="fake", fake_gpus=GPUS), nvml=sim)
     backend.open()
+    rng = random.Random(20261129)
+    real: dict[DeviceId, tuple[DeviceId, dict[str, str]]] = {}
     out = []
     for i in range(n):
         now[0] = t0 + i * INTERVAL
-        out.append(round_values(Sample(start_seq + i, now[0], tuple(backend.read())), DIGITS))
+        devices = []
+        for dev in backend.read():
+            if dev.device not in real:
+                uuid = f"GPU-{uuidlib.UUID(int=rng.getrandbits(128))}"
+                real[dev.device] = (
+                    DeviceId(dev.device.gpu, uuid),
+                    {**dev.info, "serial": str(rng.randrange(10**12, 10**13))},
+                )
+            device, info = real[dev.device]
+            devices.append(DeviceSample(device, dev.up, dev.values, info, dev.processes))
+        out.append(round_values(Sample(start_seq + i, now[0], tuple(devices)), DIGITS))
     backend.close()
     return out
 
@@ -81,12 +99,16 @@ def bench_bytes() -> dict[str, float]:
         f"({statistics.mean(prom):.0f} bytes per 8-GPU page)"
     )
     figures = {"prometheus_gzip": prom_per_gpu}
+    default = round(cfg.Config().mqtt_batch_interval / INTERVAL)
     for label, per_batch in (
-        ("30 s batches (default)", 6),
+        ("30 s batches", 6),
         ("60 s batches", 12),
+        ("2 min batches", 24),
         ("5 min batches", 60),
-        (f"outage batches ({MAX_GROWTH}x 30 s)", 6 * MAX_GROWTH),
+        (f"outage batches ({MAX_GROWTH}x the default)", default * MAX_GROWTH),
     ):
+        if per_batch == default:
+            label += " (default)"
         total = 0
         plain = 0
         for i in range(0, len(samples), per_batch):
@@ -97,7 +119,7 @@ def bench_bytes() -> dict[str, float]:
         figures[label] = per_gpu
         print(
             f"  payload, {label}: {per_gpu:.1f} bytes per GPU-sample on the wire "
-            f"(1/{prom_per_gpu / per_gpu:.0f} of Prometheus gzip; plain JSON {plain / (len(samples) * GPUS):.0f})"
+            f"(1/{prom_per_gpu / per_gpu:.1f} of Prometheus gzip; plain JSON {plain / (len(samples) * GPUS):.0f})"
         )
     return figures
 
@@ -170,12 +192,14 @@ class Counter:
 
 
 def outage_batches(samples: list[Sample], boot: str) -> list[Batch]:
-    """Batches as the forwarder forms them during an outage: each one twice as long, up to 16x 30 s."""
-    out, i, span = [], 0, 6
+    """Batches as the forwarder forms them during an outage: each one twice as long, up to 16x the
+    default --mqtt.batch-interval."""
+    first = round(cfg.Config().mqtt_batch_interval / INTERVAL)
+    out, i, span = [], 0, first
     while i < len(samples):
         out.append(Batch("bench-node", boot, tuple(samples[i : i + span])))
         i += span
-        span = min(6 * MAX_GROWTH, span * 2)
+        span = min(first * MAX_GROWTH, span * 2)
     return out
 
 

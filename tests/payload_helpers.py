@@ -1,4 +1,4 @@
-"""What an agent of payload version 1 sent: the same batch as a version 1 document."""
+"""What agents of earlier payload versions sent: the same batch as a version 2 or version 1 document."""
 
 from __future__ import annotations
 
@@ -6,13 +6,48 @@ import copy
 import gzip
 import itertools
 import json
+import zlib
 from typing import Any
+
+from gpu_exporter.forward import batch as codec
+from gpu_exporter.forward._zdict import ZDICT_V2
+
+
+def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
+    """A version 3 document rewritten in the version 2 layout, value for value: a bare constant becomes
+    ``{"const": v}``, a delta array ``{"delta": [...], "scale", "step", "order"}``, a reference the
+    column of plain values it stands for."""
+    out = copy.deepcopy(doc)
+    out["version"] = 2
+    n = len(out["seq"])
+    for d, dev in enumerate(out["devices"]):
+        values = codec._columns(f"devices[{d}]", dev["columns"], n, 3)
+        for j, col in enumerate(dev["columns"]):
+            if col is None or (isinstance(col, dict) and "values" in col):
+                continue
+            if isinstance(col, list):
+                form, rest = col[0], col[1:]
+                column: dict[str, Any] = {}
+                if form >= codec._HAS_STEP:
+                    column["step"], rest = rest[0], rest[1:]
+                    form -= codec._HAS_STEP
+                column["delta"] = rest
+                if form % 10:
+                    column["scale"] = form % 10
+                if form >= 10:
+                    column["order"] = 2
+                dev["columns"][j] = column
+            elif isinstance(col, dict):  # a reference
+                dev["columns"][j] = {"values": [codec._raw(v) for v in values[j]]}  # type: ignore[union-attr]
+            else:
+                dev["columns"][j] = {"const": col}
+    return out
 
 
 def as_v1(doc: dict[str, Any]) -> dict[str, Any]:
-    """A version 2 document rewritten in the version 1 layout, value for value: a constant column
+    """A version 3 (or 2) document rewritten in the version 1 layout, value for value: a constant column
     becomes a column of plain values, a column of second-order deltas one of first-order deltas."""
-    out = copy.deepcopy(doc)
+    out = as_v2(doc) if doc["version"] == 3 else copy.deepcopy(doc)
     out["version"] = 1
     n = len(out["seq"])
     for dev in out["devices"]:
@@ -30,3 +65,10 @@ def as_v1(doc: dict[str, Any]) -> dict[str, Any]:
 def v1_payload(doc: dict[str, Any]) -> bytes:
     """gzip-compressed JSON, as version 1 agents framed their batches."""
     return gzip.compress(json.dumps(as_v1(doc), separators=(",", ":")).encode(), mtime=0)
+
+
+def v2_payload(doc: dict[str, Any]) -> bytes:
+    """zlib with the version 2 preset dictionary, as version 2 agents framed their batches."""
+    text = json.dumps(as_v2(doc), separators=(",", ":")).encode()
+    deflater = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT_V2)
+    return deflater.compress(text) + deflater.flush()

@@ -14,7 +14,7 @@ from gpu_exporter.forward import batch as codec
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 from .bridge_helpers import make_batch
-from .payload_helpers import as_v1, v1_payload
+from .payload_helpers import as_v1, as_v2, v1_payload, v2_payload
 
 KEYS = [("utilization", ()), ("power", ()), ("energy", ()), ("xid_errors", ("79",)), ("memory_used", ())]
 values = st.one_of(
@@ -74,13 +74,17 @@ def test_columns_hold_the_values_the_codec_decodes(batch: codec.Batch, compress:
 
 
 VALID = json.loads(codec.encode(make_batch("edge", "boot", [3, 4, 5], 1_700_000_000.0), compress=False))
+VALID_V2 = as_v2(VALID)
 VALID_V1 = as_v1(VALID)
 json_values = st.recursive(
     st.none() | st.booleans() | st.integers(-(2**60), 2**60) | st.floats(allow_nan=False) | st.text(max_size=8),
     lambda inner: (
-        st.lists(inner, max_size=4)
+        st.lists(inner, max_size=5)
+        | st.lists(st.integers(-3, 45), min_size=3, max_size=6)  # near a version 3 delta array
         | st.dictionaries(
-            st.sampled_from(["delta", "scale", "step", "order", "const", "values", "x"]), inner, max_size=3
+            st.sampled_from(["delta", "scale", "step", "order", "const", "values", "ref", "sign", "add", "x"]),
+            inner,
+            max_size=3,
         )
     ),
     max_leaves=20,
@@ -109,7 +113,7 @@ def parser(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> s
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.data())
 def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st.DataObject) -> None:
-    doc = json.loads(json.dumps(data.draw(st.sampled_from([VALID, VALID_V1]))))
+    doc = json.loads(json.dumps(data.draw(st.sampled_from([VALID, VALID_V2, VALID_V1]))))
     # replace one part of the document: a top-level field, a device field, or one column
     where = data.draw(st.sampled_from(["top", "device", "column", "delta"]))
     if where == "top":
@@ -120,11 +124,13 @@ def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st
     else:
         dev = doc["devices"][0]
         j = data.draw(st.integers(0, len(dev["columns"]) - 1))
-        if where == "column" or dev["columns"][j] is None or "delta" not in dev["columns"][j]:
+        col = dev["columns"][j]
+        deltas = col if isinstance(col, list) else col.get("delta") if isinstance(col, dict) else None
+        if where == "column" or not deltas:
             dev["columns"][j] = data.draw(json_values)
-        else:
-            k = data.draw(st.integers(0, len(dev["columns"][j]["delta"]) - 1))
-            dev["columns"][j]["delta"][k] = data.draw(json_values | st.integers(2**52, 2**54))
+        else:  # one entry of a delta column (in version 3, possibly its form or step)
+            k = data.draw(st.integers(0, len(deltas) - 1))
+            deltas[k] = data.draw(json_values | st.integers(2**52, 2**54) | st.integers(-2, 41))
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
 
@@ -159,16 +165,77 @@ def test_the_reader_rejects_exactly_what_the_codec_rejects(parser: str, data: st
         {"const": 1, "step": 2},
     ],
 )
-@pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.parametrize("version", [1, 2, 3])
 def test_integer_limits_and_types_in_delta_columns_match_the_codec(
     parser: str, column: dict[str, object], version: int
 ) -> None:
-    doc = json.loads(json.dumps(VALID if version == 2 else VALID_V1))
+    _check_column_verdict({1: VALID_V1, 2: VALID_V2, 3: VALID}[version], column, version)
+
+
+@pytest.mark.parametrize(
+    "column",
+    [
+        [0, 2**53, 0, 0],
+        [0, 2**52, 2**52, 0],
+        [0, 1, True, 2],
+        [0, 1.5, 1, 1],
+        [0, 1, None, 1],
+        [20, 2**53, 0, 0, 0],
+        [20, 2**13, 2**40, 0, 0],
+        [23, 2**12, 2**40, 0, 0],
+        [20, 0, 1, 1, 1],
+        [20, True, 1, 1, 1],
+        [20, 1, 1, 1],
+        [40, 1, 1, 1],
+        [-1, 1, 1, 1],
+        [1.0, 1, 1, 1],
+        [None, 1, 1, 1],
+        [],
+        [10, 1, 1, 1],
+        [10, 1, None, 1],
+        [30, 4, 2**50, 2**50, 0],
+        [30, 4, 2**50, 2**49, -(2**49)],
+        [10, 2**51, -(2**51), 2**51],
+        [33, 1000, 5, 3, -1],
+        [0, 1, 1, 1, 1],
+        1,
+        -2.5,
+        "NaN",
+        "+Inf",
+        "x",
+        True,
+        {"values": [1, 2.5, None]},
+        {"values": [1, 2, 3], "x": 1},
+        {"ref": 0},
+        {"delta": [1, 1, 1]},
+        {"const": 1},
+    ],
+)
+def test_version_3_columns_match_the_codec(parser: str, column: object) -> None:
+    _check_column_verdict(VALID, column, 3)
+
+
+def _check_column_verdict(valid: dict[str, object], column: object, version: int) -> None:
+    doc = json.loads(json.dumps(valid))
     doc["devices"][0]["columns"][0] = column
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
     if _verdict(codec.decode, raw) == "accepted":
         assert columns.read(raw).devices[0].columns[0] == codec._column("c", column, 3, version)
+
+
+@pytest.mark.parametrize("at", [0, 1, 2, 4])
+@pytest.mark.parametrize("ref", [{"ref": 0}, {"ref": 1, "sign": -1, "add": 7}, {"ref": 3, "add": 0.5}, {"ref": -1}])
+def test_references_resolve_as_the_codec_resolves_them(parser: str, at: int, ref: dict[str, object]) -> None:
+    doc = json.loads(json.dumps(VALID))
+    doc["devices"][0]["columns"][at] = ref
+    raw = json.dumps(doc).encode()
+    assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
+    if _verdict(codec.decode, raw) == "accepted":
+        objects = codec.decode(raw)
+        cols = columns.read(raw)
+        key = cols.metrics[at]
+        assert cols.devices[0].columns[at] == [s.devices[0].values.get(key) for s in objects.samples]
 
 
 @pytest.mark.parametrize(
@@ -191,8 +258,9 @@ def test_odd_json_is_rejected_by_both_parsers_as_by_the_codec(parser: str, raw: 
 def test_both_parsers_read_the_same_columns(parser: str, batch: codec.Batch) -> None:
     data = codec.encode(batch)
     cols = columns.read(data)
-    old = columns.read(v1_payload(codec.to_document(batch)))  # what an agent of payload version 1 sent
-    assert [_nan_safe(d.columns) for d in old.devices] == [_nan_safe(d.columns) for d in cols.devices]
+    for old_payload in (v1_payload, v2_payload):  # what agents of payload versions 1 and 2 sent
+        old = columns.read(old_payload(codec.to_document(batch)))
+        assert [_nan_safe(d.columns) for d in old.devices] == [_nan_safe(d.columns) for d in cols.devices]
     objects = codec.decode(data)
     assert cols.seqs == [s.seq for s in objects.samples]
     assert sum(sum(v is not None for v in c) for d in cols.devices for c in d.columns if c is not None) == sum(

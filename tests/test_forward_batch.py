@@ -1,5 +1,5 @@
 """The batch payload: round trip, schema agreement, strict rejection of anything malformed, and
-version 1 payloads still read."""
+version 1 and 2 payloads still read."""
 
 from __future__ import annotations
 
@@ -20,7 +20,7 @@ from gpu_exporter.forward import batch as codec
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
-from .payload_helpers import as_v1, v1_payload
+from .payload_helpers import as_v1, as_v2, v1_payload, v2_payload
 
 VALIDATOR = jsonschema.Draft202012Validator(codec.schema())
 
@@ -138,6 +138,18 @@ def test_a_version_1_payload_of_the_same_batch_still_decodes_to_it(b: Batch) -> 
 
 @settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(batches())
+def test_a_version_2_payload_of_the_same_batch_still_decodes_to_it(b: Batch) -> None:
+    doc = to_document(b)
+    old = v2_payload(doc)
+    assert old[2:6] != encode(b)[2:6]  # the version 2 preset dictionary, named by its id
+    assert comparable(decode(old)) == comparable(b)
+    VALIDATOR.validate(as_v2(doc))
+    codec.verify(old)
+    assert codec.peek(old).version == 2
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(batches())
 def test_every_encoded_document_matches_the_schema(b: Batch) -> None:
     doc = json.loads(encode(b, compress=False))
     VALIDATOR.validate(doc)
@@ -193,17 +205,45 @@ def test_device_labels_and_metric_keys_travel_once_per_batch() -> None:
 def test_decimal_readings_are_stored_as_scaled_integer_deltas() -> None:
     doc = to_document(_nvml_like_batch(4, n_gpus=1))
     cols = dict(zip((k for k, _ in doc["metrics"]), doc["devices"][0]["columns"], strict=True))
-    # power rises 37 mW a sample: its deltas of deltas are written (order 2)
-    assert cols["power"] == {"scale": 3, "delta": [200000, 37, 0, 0], "order": 2}
+    # [form, (step), deltas...]: form = decimal places + 10 for deltas of deltas + 20 when a step follows
+    # power rises 37 mW a sample: its deltas of deltas are written (order 2), in mW (3 places)
+    assert cols["power"] == [13, 200000, 37, 0, 0]
     # a common factor travels once: bytes in 4 KiB pages, utilization in steps of 7 %
-    assert cols["memory_used"] == {"step": 4096, "delta": [262144, 1, 1, 1]}
-    assert cols["utilization"] == {"scale": 2, "step": 7, "delta": [0, 1, 1, 1]}
-    assert cols["temp_gpu"] == {"delta": [50, 1, 1, 1]}
-    assert cols["power_limit"] == {"const": 700}  # a value that holds still is stated once
+    assert cols["memory_used"] == [20, 4096, 262144, 1, 1, 1]
+    assert cols["utilization"] == [22, 7, 0, 1, 1, 1]
+    assert cols["temp_gpu"] == [0, 50, 1, 1, 1]
+    assert cols["power_limit"] == 700  # a value that holds still is stated once
     # a counter at a steady rate (1000.5 J a sample): the rate once, then zeros
-    assert cols["energy"] == {"scale": 1, "step": 5, "delta": [2000000, 2001, 0, 0], "order": 2}
+    assert cols["energy"] == [31, 5, 2000000, 2001, 0, 0]
     assert doc["seq"] == [100, 1, 1, 1]
     assert doc["time_ms"] == [1_700_000_000_000, 5000, 5000, 5000]
+
+
+def test_a_column_that_moves_with_an_earlier_one_travels_as_a_reference_to_it() -> None:
+    total, reserved = 80 * 1024**3, 512 * 1024**2
+    samples = []
+    for i in range(6):
+        used = float(10 * 1024**3 + (i * i * 7919 % 1000) * 2 * 1024**2)
+        values = {
+            ("memory_used", ()): used,
+            ("memory_free", ()): total - reserved - used,
+            ("clock_graphics", ()): float(1_410_000_000 + (i * 37 % 11) * 15_000_000),
+            ("clock_sm", ()): float(1_410_000_000 + (i * 37 % 11) * 15_000_000),
+            ("power", ()): 300 + (i * 7919 % 1000) / 1000,
+            ("temp_gpu", ()): 60.0 + i % 3,
+        }
+        dev = DeviceSample(DeviceId("0", "GPU-a"), True, values)
+        samples.append(Sample(i + 1, 1_700_000_000 + 5 * i, (dev,)))
+    b = Batch("n", "boot", tuple(samples))
+    doc = to_document(b)
+    keys = [k for k, _ in doc["metrics"]]
+    cols = dict(zip(keys, doc["devices"][0]["columns"], strict=True))
+    # free memory is total - reserved - used: the opposite changes of memory_used, and one constant
+    assert cols["memory_free"] == {"ref": keys.index("memory_used"), "sign": -1, "add": total - reserved}
+    assert cols["clock_sm"] == {"ref": keys.index("clock_graphics")}  # the same clock, stated once
+    assert isinstance(cols["power"], list) and isinstance(cols["temp_gpu"], list)  # unrelated: their own deltas
+    assert comparable(decode(encode(b))) == comparable(b)
+    VALIDATOR.validate(doc)
 
 
 def test_a_device_absent_from_some_samples_comes_back_absent() -> None:
@@ -237,10 +277,21 @@ def _plain(doc: Any) -> bytes:
     return json.dumps(doc).encode()
 
 
+def _col(column: Any, at: int = 0, v: int = 3) -> Any:
+    """A mutation: the first device's column ``at`` becomes ``column``, in a document of version ``v``."""
+
+    def mutate(d: dict[str, Any]) -> None:
+        if v < 3:
+            d.update(as_v2(d) if v == 2 else as_v1(d))
+        d["devices"][0]["columns"][at] = column
+
+    return mutate
+
+
 @pytest.mark.parametrize(
     ("mutate", "message"),
     [
-        (lambda d: d.update(version=3), "unsupported payload version 3"),
+        (lambda d: d.update(version=4), "unsupported payload version 4"),
         (lambda d: d.update(version=True), "unsupported payload version"),
         (lambda d: d.update(format="other"), "payload format"),
         (lambda d: d.update(extra=1), "unknown field 'extra'"),
@@ -256,35 +307,55 @@ def _plain(doc: Any) -> bytes:
         (lambda d: d["devices"][0].update(up=[1, True, 1]), "up entries"),
         (lambda d: d["devices"][0].update(up=[1, 1]), "up must be an array of 3"),
         (lambda d: d["devices"][0]["columns"].pop(), "one per metric"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, "x", 2]}), "integer"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2.5, 2]}), "integer"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "scale": 12}), "scale"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "step": 0}), "step"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "step": 2**52}), "out of range"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**53, 0, 0]}), "out of range"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**52, 2**52, 0]}), "out of range"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, "inf", 2]}), "invalid value"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"values": [1, [], 2]}), "invalid value"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": None}), "const must be a value"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": "x"}), "invalid value"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"const": 1, "scale": 2}), "unknown field 'scale'"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, 2, 3], "order": 3}), "order must be"),
-        (lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [1, None, 3], "order": 2}), "cannot hold null"),
-        (
-            lambda d: d["devices"][0]["columns"].__setitem__(0, {"delta": [2**50, 2**50, 0], "order": 2, "step": 4}),
-            "out of range",
-        ),
-        (
-            lambda d: d.update(as_v1(d), devices=[dict(d["devices"][0], columns=[{"const": 1}] * len(d["metrics"]))]),
-            "lacks delta",
-        ),
-        (
-            lambda d: d.update(
-                as_v1(d),
-                devices=[dict(d["devices"][0], columns=[{"delta": [1, 1, 1], "order": 2}] * len(d["metrics"]))],
-            ),
-            "unknown field 'order'",
-        ),
+        # version 3 columns
+        (_col([0, 1, "x", 2]), "integer"),
+        (_col([0, 1, 2.5, 2]), "integer"),
+        (_col([40, 1, 2, 3]), "starts with its form"),
+        (_col([-1, 1, 2, 3]), "starts with its form"),
+        (_col([True, 1, 2, 3]), "integer"),
+        (_col([]), "starts with its form"),
+        (_col([0, 1, 2]), "and 3 deltas"),
+        (_col([20, 1, 2, 3]), "the step, and 3 deltas"),
+        (_col([20, 0, 1, 2, 3]), "step must be"),
+        (_col([20, 2**52, 1, 2, 3]), "out of range"),
+        (_col([0, 2**53, 0, 0]), "out of range"),
+        (_col([0, 2**52, 2**52, 0]), "out of range"),
+        (_col([10, 1, None, 3]), "cannot hold null"),
+        (_col([30, 4, 2**50, 2**50, 0]), "out of range"),
+        (_col("x"), "invalid value"),
+        (_col(True), "invalid value"),
+        (_col({"values": [1, "inf", 2]}), "invalid value"),
+        (_col({"values": [1, [], 2]}), "invalid value"),
+        (_col({"delta": [1, 2, 3]}), "holds values or ref, not delta"),
+        (_col({"const": 1}), "holds values or ref, not const"),
+        (_col({"ref": 0}), "earlier column"),
+        (_col({"ref": 5}, at=1), "earlier column"),
+        (_col({"ref": 0, "sign": 2}, at=1), "sign must be 1 or -1"),
+        (_col({"ref": 0, "add": "NaN"}, at=1), "add must be a finite number"),
+        (_col({"ref": 0, "add": None}, at=1), "add must be a finite number"),
+        (_col({"ref": 0, "scale": 2}, at=1), "unknown field 'scale'"),
+        (_col({"ref": "0"}, at=1), "integer"),
+        # version 2 columns
+        (_col({"delta": [1, "x", 2]}, v=2), "integer"),
+        (_col({"delta": [1, 2.5, 2]}, v=2), "integer"),
+        (_col({"delta": [1, 2, 3], "scale": 12}, v=2), "scale"),
+        (_col({"delta": [1, 2, 3], "step": 0}, v=2), "step"),
+        (_col({"delta": [1, 2, 3], "step": 2**52}, v=2), "out of range"),
+        (_col({"delta": [2**53, 0, 0]}, v=2), "out of range"),
+        (_col({"delta": [2**52, 2**52, 0]}, v=2), "out of range"),
+        (_col({"values": [1, "inf", 2]}, v=2), "invalid value"),
+        (_col({"const": None}, v=2), "const must be a value"),
+        (_col({"const": "x"}, v=2), "invalid value"),
+        (_col({"const": 1, "scale": 2}, v=2), "unknown field 'scale'"),
+        (_col({"delta": [1, 2, 3], "order": 3}, v=2), "order must be"),
+        (_col({"delta": [1, None, 3], "order": 2}, v=2), "cannot hold null"),
+        (_col({"delta": [2**50, 2**50, 0], "order": 2, "step": 4}, v=2), "out of range"),
+        (_col([0, 1, 2, 3], v=2), "must be an object or null"),
+        (_col(1, v=2), "must be an object or null"),
+        (_col({"ref": 0}, at=1, v=2), "lacks delta"),
+        # version 1 columns
+        (_col({"const": 1}, v=1), "lacks delta"),
+        (_col({"delta": [1, 1, 1], "order": 2}, v=1), "unknown field 'order'"),
         (lambda d: d["devices"][0].update(up=[None, 1, 1]), "absent"),
         (lambda d: d["devices"][1].update(id=d["devices"][0]["id"]), "listed twice"),
         (lambda d: d["devices"][0]["id"].pop("uuid"), "lacks uuid"),
@@ -310,6 +381,9 @@ def test_decoder_and_schema_both_reject_malformed_documents(mutate: Any, message
         "listed twice",
         "out of range",
         "start at 1",
+        "and 3 deltas",
+        "the step, and 3 deltas",
+        "earlier column",
     )
     if structural:  # what JSON Schema can express, it expresses too
         assert not VALIDATOR.is_valid(doc)
@@ -430,7 +504,18 @@ def test_the_example_in_docs_payload_md_is_a_valid_batch() -> None:
     batch = decode(example.encode())
     assert batch.samples[2].devices[0].values[("power", ())] == 244.0
     assert batch.samples[2].devices[0].values[("power_limit", ())] == 700.0
-    assert batch.samples[2].devices[0].values[("energy", ())] == 5000125.0
+    assert batch.samples[2].devices[0].values[("energy", ())] == 5000125.2
+    used, free = (batch.samples[1].devices[0].values[(k, ())] for k in ("memory_used", "memory_free"))
+    assert used == 8 * 2**30 + 9000 * 4096 and used + free == 40 * 2**30 - 592 * 2**20  # free refers to used
+
+
+def test_the_preset_dictionaries_are_frozen_with_their_versions() -> None:
+    # A zlib payload names its dictionary by Adler-32: an edited dictionary is one that batches already
+    # spooled or in flight (and readers already deployed) do not have.
+    from gpu_exporter.forward._zdict import ZDICT_V2
+
+    assert zlib.adler32(codec.ZDICT) == 0x408D87D3
+    assert zlib.adler32(ZDICT_V2) == 0xC154942C
 
 
 def test_a_version_1_payload_as_sent_by_earlier_agents_decodes() -> None:

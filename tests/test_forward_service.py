@@ -12,9 +12,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_exporter import catalog
 from gpu_exporter import config as cfg
 from gpu_exporter.forward.batch import Batch, encode
-from gpu_exporter.forward.service import Forwarder
+from gpu_exporter.forward.service import EVENT_KEYS, Forwarder, has_event
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
@@ -242,9 +243,9 @@ def test_samples_of_a_killed_run_are_recovered_from_the_journal(tmp_path: Path, 
     assert Entry.parse("q.000000000001.1.2.3.4.5") == Entry(1, 1, 2, 3, 4, 5)
 
 
-@pytest.mark.parametrize("digits", ["6", "0"])
+@pytest.mark.parametrize("digits", [None, "6", "0"])
 def test_fractional_gauges_travel_with_the_configured_digits_and_counters_exactly(
-    broker: Broker, running: Any, digits: str
+    broker: Broker, running: Any, digits: str | None
 ) -> None:
     ring = RingBuffer(16)
     dev = DeviceId("0", "GPU-0000")
@@ -255,11 +256,15 @@ def test_fractional_gauges_travel_with_the_configured_digits_and_counters_exactl
     }
     ring.append(Sample(1, time.time(), (DeviceSample(dev, True, dict(values)),)))
     with Collector(broker) as sub:
-        running(ring, **{"mqtt.value-digits": digits})
+        running(ring, **({"mqtt.value-digits": digits} if digits else {}))
         assert wait_until(lambda: sub.count() == 1, 10)
     got = sub.batches[0].samples[0].devices[0].values
     if digits == "0":
         assert got == values
+    elif digits is None:  # the default: 4 significant digits
+        assert got[("sm_active", ())] == 0.2708
+        assert got[("power", ())] == 496.5
+        assert got[("energy", ())] == 12345.6789012345
     else:
         assert got[("sm_active", ())] == 0.270809
         assert got[("power", ())] == 496.472
@@ -282,3 +287,49 @@ def test_an_unusable_spool_directory_still_forwards_from_memory(tmp_path: Path, 
             assert metric(registry, "gpu_exporter_forward_spool_write_errors_total") >= 1
         finally:
             fwd.stop(5)
+
+
+def _event_sample(seq: int, up: bool = True, xid79: float = 0.0) -> Sample:
+    devs = tuple(
+        DeviceSample(
+            d,
+            up if i == 1 else True,
+            {("power", ()): 200.0 + seq, ("xid_errors", ("79",)): xid79 if i == 1 else 0.0} if up or i == 0 else {},
+        )
+        for i, d in enumerate(DEVICES)
+    )
+    return Sample(seq, time.time(), devs)
+
+
+def test_a_gpu_event_closes_the_batch_at_once_not_at_the_end_of_the_interval(broker: Broker, running: Any) -> None:
+    ring = RingBuffer(64)
+    with Collector(broker) as sub:
+        fwd, _ = running(ring, **{"mqtt.batch-interval": "60s"})
+        for seq in range(1, 4):
+            ring.append(_event_sample(seq))  # routine readings: they wait for the interval
+        time.sleep(1.0)
+        assert sub.count() == 0
+        ring.append(_event_sample(4, xid79=1.0))  # XID 79 on GPU 1: an alert waits for this
+        assert wait_until(lambda: sub.count() == 4, 5)
+        assert sub.batches[0].samples[-1].devices[1].values[("xid_errors", ("79",))] == 1.0
+        # at most one early close per interval: a flapping GPU cannot turn batching off
+        ring.append(_event_sample(5, up=False))
+        time.sleep(1.0)
+        assert sub.count() == 4
+        fwd.stop(5)
+        assert wait_until(lambda: sub.seqs().get(fwd.boot) == {1, 2, 3, 4, 5}, 5)  # and nothing is lost
+
+
+def test_what_counts_as_an_event() -> None:
+    base = _event_sample(1)
+    assert not has_event(base, _event_sample(2))  # power changed: routine
+    assert has_event(base, _event_sample(2, xid79=1.0))
+    assert has_event(base, _event_sample(2, up=False))
+    assert has_event(_event_sample(1, up=False), _event_sample(2))  # back again
+    fewer = Sample(2, time.time(), base.devices[:1])
+    assert has_event(base, fewer) and has_event(fewer, base)  # a GPU gone, or a new one
+    ecc = Sample(
+        2, time.time(), (base.devices[0], DeviceSample(DEVICES[1], True, {("ecc_uncorrected_volatile", ()): 1.0}))
+    )
+    assert has_event(Sample(1, 0.0, (base.devices[0], DeviceSample(DEVICES[1], True, {}))), ecc)
+    assert {m.key for m in catalog.CATALOG} >= EVENT_KEYS

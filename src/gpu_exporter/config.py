@@ -66,10 +66,10 @@ class Config:
     mqtt_tls_key_file: str = ""
     mqtt_keepalive: float = 30.0
     mqtt_reconnect_max_delay: float = 30.0
-    mqtt_batch_interval: float = 30.0
+    mqtt_batch_interval: float = 120.0
     mqtt_batch_max_bytes: int = 256 * 1024
     mqtt_batch_max_samples: int = 720
-    mqtt_value_digits: int = 6
+    mqtt_value_digits: int = 4
     spool_dir: str = "/var/lib/gpu-exporter/spool"
     spool_max_bytes: int = 256 * 1024 * 1024
     spool_max_age: float = 72 * 3600.0
@@ -440,7 +440,7 @@ OPTIONS: tuple[Option, ...] = (
         "mqtt.batch-interval",
         "mqtt_batch_interval",
         _seconds_between(0.05, 86400),
-        "close a batch after this long (it grows while the broker is unreachable)",
+        "close a batch after this long (it grows while the broker is unreachable; a GPU event closes it at once)",
         "DURATION",
     ),
     Option(

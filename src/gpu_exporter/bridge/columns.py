@@ -167,13 +167,35 @@ _NUMBER = {int, float}
 
 
 def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
-    """Every column of one device. Plain integer-delta columns (the encoder's usual output) are checked
-    together and decoded in C loops; any other column goes through the codec's own ``_column``."""
+    """Every column of one device. Plain integer-delta columns and constants (the encoder's usual output)
+    are checked together and decoded in C loops; any other column (plain values, a reference) goes
+    through the codec's own ``_column``, in order, after them."""
     fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
+    has_step = codec._HAS_STEP
     for j, col in enumerate(cols):
-        if type(col) is not dict:
+        kind = type(col)
+        if kind is list and version >= 3:  # [form, (step), deltas...]
+            form = col[0] if col else None
+            if type(form) is not int or not 0 <= form < 2 * has_step:
+                continue
+            stepped = form >= has_step
+            if len(col) != n + 1 + stepped:
+                continue
+            step = col[1] if stepped else 1
+            if type(step) is not int or not 1 <= step < _SAFE:
+                continue
+            form %= has_step
+            fast.append((j, col[1 + stepped :], form % 10, step, 1 + form // 10))
+            continue
+        if (kind is int or kind is float) and version >= 3:  # a constant
+            value = float(col)
+            if math.isfinite(value):
+                out[j] = [value] * n
+                done.add(j)
+            continue
+        if kind is not dict:
             continue
         deltas = col.get("delta")
         if deltas is None:
@@ -185,7 +207,7 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[flo
                     out[j] = floats  # type: ignore[assignment]
                     done.add(j)
             continue
-        if type(deltas) is not list or len(deltas) != n:
+        if type(deltas) is not list or len(deltas) != n or version >= 3:  # version 3 writes delta arrays
             continue
         if len(col) == 1:
             fast.append((j, deltas, 0, 1, 1))
@@ -227,6 +249,6 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[flo
             out[j] = list(map(float, totals))
         done.add(j)
     for j, col in enumerate(cols):
-        if j not in done and col is not None:
-            out[j] = codec._column(f"{where}.columns[{j}]", col, n, version)
+        if j not in done and col is not None:  # a reference names an earlier column: decoded by now
+            out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
     return out

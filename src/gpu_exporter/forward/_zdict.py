@@ -1,9 +1,11 @@
-"""The preset dictionary of payload version 2's zlib framing (docs/payload.md).
+"""The preset dictionaries of the payload's zlib framing (docs/payload.md): ``ZDICT`` for what the
+encoder writes (version 3), ``ZDICT_V2`` for batches of version 2 agents still to be read.
 
 Frozen with the payload version: a reader needs these exact bytes to inflate what the encoder wrote, so
-any edit is a new payload version. It only makes common text cheap (the JSON skeleton, catalog keys,
-label values and identity fields as the backends write them); a string that is not in it still travels,
-at its full cost.
+any edit is a new payload version. A zlib header names its dictionary by Adler-32, so a reader picks the
+right one. They only make common text cheap (the JSON skeleton, catalog keys, label values and identity
+fields as the backends write them, the most frequent last, where a back-reference is shortest); a string
+that is not in them still travels, at its full cost.
 """
 
 ZDICT = (
@@ -14,7 +16,7 @@ ZDICT = (
     b'd":"0000:","device":"card0","driver_version":"","vendor":"amd"},"info":{"name":"NVIDIA A100-SXM4-80G'
     b'B","serial":"","pci_bus_id":"00000000:","device":"nvidia","driver_version":"","cuda_version":"12.","'
     b'vendor":"nvidia"},"id":{"gpu":"0","uuid":"MIG-","gpu_instance":"","compute_instance":"0","mig_profil'
-    b'e":"1g.10gb","parent_uuid":"GPU-"},{"values":[null,{"format":"gpu-exporter.batch","version":2,"node"'
+    b'e":"1g.10gb","parent_uuid":"GPU-"},{"values":[null,{"format":"gpu-exporter.batch","version":3,"node"'
     b':"","boot":"","first_seq":,"last_seq":,"seq":[1,1,1,1,1],"time_ms":[5000,5000,5000,5000,5000],"metri'
     b'cs":[["clock_max_graphics",[]],["clock_max_sm",[]],["clock_max_memory",[]],["clock_max_video",[]],["'
     b'utilization",[]],["memory_utilization",[]],["encoder_utilization",[]],["decoder_utilization",[]],["m'
@@ -40,7 +42,61 @@ ZDICT = (
     b'id_errors",["95"]],["sm_active",[]],["sm_occupancy",[]],["tensor_active",[]],["dram_active",[]],["fp'
     b'64_active",[]],["fp32_active",[]],["fp16_active",[]]],"devices":[{"id":{"gpu":"0","uuid":"GPU-"},"in'
     b'fo":{"name":"NVIDIA H100 80GB HBM3","serial":"","pci_bus_id":"00000000:","device":"nvidia0","driver_'
-    b'version":"","cuda_version":"12.","vendor":"nvidia"},"up":[1,1,1,1,1,1],"columns":[{"const":0},{"cons'
-    b't":1},{"delta":[0,0,0,0,0,0]},"order":2,"scale":2},"scale":3},"scale":6},"step":1024},"step":1000000'
-    b'},"step":4096},'
+    b'version":"","cuda_version":"12.","vendor":"nvidia"},"up":[1,1,1,1,1,1,1,1,1,1,1,1],"columns":[0,1,nu'
+    b'll,{"ref":9,"sign":-1,"add":[0,0,0,0,0,0,0],[10,[11,[12,[13,[14,[22,1024,[20,4096,[20,1000000,[30,'
+)
+
+# What the dictionaries share: catalog keys and identity fields, then the document's skeleton around
+# the version number, up to the device's "up" field.
+_HEAD = (
+    b'["temp_junction",[]],["fan_speed",[]],["retired_pages_sbe",[]],["retired_pages_dbe",[]],["multimedia'
+    b'_utilization",[]],["clock_soc",[]],["clock_max_soc",[]],["clock_min_graphics",[]],["frequency_govern'
+    b'or",[]],["pcie_bandwidth",[]],["ecc_block_corrected",[]],["ecc_block_uncorrected",[]],["board_power"'
+    b',[]],["power_rail",[]]"info":{"name":"AMD Instinct MI300X","vbios_version":"","serial":"","pci_bus_i'
+    b'd":"0000:","device":"card0","driver_version":"","vendor":"amd"},"info":{"name":"NVIDIA A100-SXM4-80G'
+    b'B","serial":"","pci_bus_id":"00000000:","device":"nvidia","driver_version":"","cuda_version":"12.","'
+    b'vendor":"nvidia"},"id":{"gpu":"0","uuid":"MIG-","gpu_instance":"","compute_instance":"0","mig_profil'
+    b'e":"1g.10gb","parent_uuid":"GPU-"},{"values":[null,{"format":"gpu-exporter.batch","version":'
+)
+
+_MIDDLE = (
+    b',"node":"","boot":"","first_seq":,"last_seq":,"seq":[1,1,1,1,1],"time_ms":[5000,5000,5000,5000,5000]'
+    b',"metrics":[["clock_max_graphics",[]],["clock_max_sm",[]],["clock_max_memory",[]],["clock_max_video"'
+    b',[]],["utilization",[]],["memory_utilization",[]],["encoder_utilization",[]],["decoder_utilization",'
+    b'[]],["memory_total",[]],["memory_used",[]],["memory_free",[]],["memory_reserved",[]],["temp_gpu",[]]'
+    b',["temp_memory",[]],["power",[]],["power_limit",[]],["energy",[]],["clock_graphics",[]],["clock_sm",'
+    b'[]],["clock_memory",[]],["clock_video",[]],["performance_state",[]],["clock_event_reason",["gpu_idle'
+    b'"]],["clock_event_reason",["applications_clocks_setting"]],["clock_event_reason",["sw_power_cap"]],['
+    b'"clock_event_reason",["hw_slowdown"]],["clock_event_reason",["sync_boost"]],["clock_event_reason",["'
+    b'sw_thermal_slowdown"]],["clock_event_reason",["hw_thermal_slowdown"]],["clock_event_reason",["hw_pow'
+    b'er_brake_slowdown"]],["pcie_tx",[]],["pcie_rx",[]],["pcie_replay",[]],["pcie_link_generation",[]],["'
+    b'pcie_link_width",[]],["ecc_corrected_volatile",[]],["ecc_corrected_aggregate",[]],["ecc_uncorrected_'
+    b'volatile",[]],["ecc_uncorrected_aggregate",[]],["remapped_rows_correctable",[]],["remapped_rows_unco'
+    b'rrectable",[]],["remapped_rows_pending",[]],["remapped_rows_failure",[]],["nvlink_tx",["0"]],["nvlin'
+    b'k_rx",["0"]],["nvlink_tx",["1"]],["nvlink_rx",["1"]],["nvlink_tx",["2"]],["nvlink_rx",["2"]],["nvlin'
+    b'k_tx",["3"]],["nvlink_rx",["3"]],["nvlink_tx",["4"]],["nvlink_rx",["4"]],["nvlink_tx",["5"]],["nvlin'
+    b'k_rx",["5"]],["nvlink_tx",["6"]],["nvlink_rx",["6"]],["nvlink_tx",["7"]],["nvlink_rx",["7"]],["nvlin'
+    b'k_tx",["8"]],["nvlink_rx",["8"]],["nvlink_tx",["9"]],["nvlink_rx",["9"]],["nvlink_tx",["10"]],["nvli'
+    b'nk_rx",["10"]],["nvlink_tx",["11"]],["nvlink_rx",["11"]],["nvlink_tx",["12"]],["nvlink_rx",["12"]],['
+    b'"nvlink_tx",["13"]],["nvlink_rx",["13"]],["nvlink_tx",["14"]],["nvlink_rx",["14"]],["nvlink_tx",["15'
+    b'"]],["nvlink_rx",["15"]],["nvlink_tx",["16"]],["nvlink_rx",["16"]],["nvlink_tx",["17"]],["nvlink_rx"'
+    b',["17"]],["processes",[]],["processes_memory",[]],["xid_errors",["48"]],["xid_errors",["63"]],["xid_'
+    b'errors",["64"]],["xid_errors",["74"]],["xid_errors",["79"]],["xid_errors",["92"]],["xid_errors",["94'
+    b'"]],["xid_errors",["95"]],["sm_active",[]],["sm_occupancy",[]],["tensor_active",[]],["dram_active",['
+    b']],["fp64_active",[]],["fp32_active",[]],["fp16_active",[]]],"devices":[{"id":{"gpu":"0","uuid":"GPU'
+    b'-"},"info":{"name":"NVIDIA H100 80GB HBM3","serial":"","pci_bus_id":"00000000:","device":"nvidia0","'
+    b'driver_version":"","cuda_version":"12.","vendor":"nvidia"},"up":'
+)
+
+ZDICT_V2 = (
+    _HEAD
+    + b"2"
+    + _MIDDLE
+    + b'[1,1,1,1,1,1],"columns":[{"const":0},{"const":1},{"delta":[0,0,0,0,0,0]},"order":2,"scale":2},"scale":3},"scale":6},"step":1024},"step":1000000},"step":4096},'
+)
+ZDICT = (
+    _HEAD
+    + b"3"
+    + _MIDDLE
+    + b'[1,1,1,1,1,1,1,1,1,1,1,1],"columns":[0,1,null,{"ref":9,"sign":-1,"add":[0,0,0,0,0,0,0],[10,[11,[12,[13,[14,[22,1024,[20,4096,[20,1000000,[30,'
 )

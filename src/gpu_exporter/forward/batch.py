@@ -1,14 +1,15 @@
-"""The batch payload (version 2, reading version 1 too): the bytes a batch of samples travels as, and back.
+"""The batch payload (version 3, reading versions 1 and 2 too): the bytes a batch of samples travels as, and back.
 
 One module holds both directions so that they cannot drift apart. The document is JSON, sent compressed
-with zlib and a preset dictionary (``_zdict.ZDICT``: the JSON skeleton and catalog keys, so that even the
+with zlib and a preset dictionary (``_zdict``: the JSON skeleton and catalog keys, so that even the
 first occurrence of a key costs a back-reference), or plain, for debugging; version 1 agents sent gzip.
 A reader tells them apart by the first bytes (``78``, ``1f 8b`` or ``{``). The document is columnar:
 each device's labels, and each metric's key, appear once per batch, and the values of a series over the
 batch's samples form one column. Columns of decimal numbers (integer percent, milliwatts, MHz, bytes...)
 are stored as scaled integer deltas (or deltas of deltas, where shorter), a column that holds still as
-its one value. The full description is docs/payload.md; the JSON Schema is ``payload.schema.json`` next
-to this file.
+its one value, and a column that moves in step with an earlier one of the same device (memory free
+against memory used) as a reference to it. The full description is docs/payload.md; the JSON Schema is
+``payload.schema.json`` next to this file.
 
 ``decode`` trusts nothing: anything malformed raises :class:`PayloadError` (one line a log can carry),
 never another exception, and the size of the input and of the inflated document is bounded.
@@ -25,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gpu_exporter.forward._zdict import ZDICT
+from gpu_exporter.forward._zdict import ZDICT, ZDICT_V2
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 
 __all__ = [
@@ -45,13 +46,13 @@ __all__ = [
 ]
 
 FORMAT = "gpu-exporter.batch"
-VERSION = 2  # what encode writes; decode reads this and every earlier version in VERSIONS
-VERSIONS = (1, 2)
+VERSION = 3  # what encode writes; decode reads this and every earlier version in VERSIONS
+VERSIONS = (1, 2, 3)
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # compressed input and inflated JSON, each
 MAX_SCALE = 9  # decimal places a delta column may carry
 _SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
 _GZIP_MAGIC = b"\x1f\x8b"
-_ZDICT_ID = zlib.adler32(ZDICT).to_bytes(4, "big")
+_ZDICTS = {zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_V2)}  # by the id a zlib header names
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
 _ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
@@ -193,7 +194,7 @@ def to_document(batch: Batch) -> dict[str, Any]:
     out_devices = []
     for device_id, entry in devices.items():
         cols = columns[device_id]
-        entry["columns"] = [_encode_column(cols[j]) if j in cols else None for j in range(len(metric_index))]
+        entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
         if "info" in entry:
             entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
             for k, v in entry["info"].items():
@@ -249,12 +250,65 @@ def _scale_of(value: float) -> int | None:
     return None
 
 
-def _encode_column(col: list[float | None]) -> dict[str, Any]:
+def _encode_columns(cols: list[list[float | None] | None]) -> list[Any]:
+    """One device's columns in the version 3 forms: null, a constant, a delta array, plain values, or a
+    reference to an earlier column that this one moves in step with (same or opposite changes)."""
+    out: list[Any] = []
+    by_steps: dict[tuple[float, ...], int] = {}  # changes between samples -> an earlier gapless column
+    for j, col in enumerate(cols):
+        if col is None:
+            out.append(None)
+            continue
+        encoded = _encode_column(col)
+        if isinstance(encoded, list) and None not in col:
+            values: list[float] = col  # type: ignore[assignment]
+            steps = tuple(b - a for a, b in itertools.pairwise(values))
+            ref = _reference(values, steps, by_steps, cols)
+            if ref is not None and len(_json(ref)) < len(_json(encoded)):
+                encoded = ref
+            by_steps.setdefault(steps, j)
+        out.append(encoded)
+    return out
+
+
+def _reference(
+    values: list[float],
+    steps: tuple[float, ...],
+    by_steps: dict[tuple[float, ...], int],
+    cols: list[list[float | None] | None],
+) -> dict[str, Any] | None:
+    """``{"ref": j, "sign": s, "add": c}`` when ``c + s * column j`` gives back ``values`` bit for bit."""
+    for sign in (1, -1):
+        j = by_steps.get(steps if sign == 1 else tuple(-x for x in steps))
+        if j is None:
+            continue
+        other: list[float] = cols[j]  # type: ignore[assignment]
+        add = values[0] - sign * other[0]
+        if not math.isfinite(add) or not all(
+            _same_float(add + sign * o, v) for o, v in zip(other, values, strict=True)
+        ):
+            continue
+        ref: dict[str, Any] = {"ref": j}
+        if sign < 0:
+            ref["sign"] = -1
+        if add:
+            ref["add"] = int(add) if add.is_integer() and abs(add) < _SAFE_INT else add
+        return ref
+    return None
+
+
+def _json(value: Any) -> str:
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _encode_column(col: list[float | None]) -> Any:
+    """A constant (a number, or "NaN", "+Inf", "-Inf"), a delta array ``[form, (step), d...]``, or
+    ``{"values": [...]}``; docs/payload.md has the forms."""
     first = col[0]
     if first is not None and all(v is not None and _same_float(v, first) for v in col):
         if first.is_integer() and abs(first) < _SAFE_INT and math.copysign(1.0, first) > 0:
-            return {"const": int(first)}  # a value that held still for the whole batch, stated once
-        return {"const": _raw(first)}
+            return int(first)  # a value that held still for the whole batch, stated once
+        return _raw(first)
     scale = 0
     for v in col:
         if v is None:
@@ -284,18 +338,20 @@ def _encode_column(col: list[float | None]) -> dict[str, Any]:
             continue
         out.append(n // step - last)
         last = n // step
-    column: dict[str, Any] = {"delta": out}
+    order = 1
     if None not in out and len(out) > 2:
         # A counter at a steady rate (energy, NVLink bytes) or a smooth reading: its deltas change
         # less than the values do. Take the deltas of the deltas where they are written shorter.
         second = [out[0], *_deltas(out[1:])]  # type: ignore[arg-type]
         if _digits(second) < _digits(out):
-            column = {"delta": second, "order": 2}
-    if scale:
-        column["scale"] = scale
-    if step > 1:
-        column["step"] = step  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
-    return column
+            out, order = second, 2
+    form = scale + 10 * (order - 1)
+    if step > 1:  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
+        return [form + _HAS_STEP, step, *out]
+    return [form, *out]
+
+
+_HAS_STEP = 20  # added to a delta array's form when a step follows it
 
 
 def _digits(ints: list[Any]) -> int:
@@ -430,9 +486,10 @@ def _zlib_inflater(data: bytes) -> Any:
         raise PayloadError("zlib payload without the preset dictionary")
     if len(data) < 6:
         raise PayloadError("truncated zlib payload")
-    if data[2:6] != _ZDICT_ID:
+    zdict = _ZDICTS.get(data[2:6])
+    if zdict is None:
         raise PayloadError(f"zlib payload with an unknown preset dictionary (id {data[2:6].hex()})")
-    return zlib.decompressobj(wbits=zlib.MAX_WBITS, zdict=ZDICT)
+    return zlib.decompressobj(wbits=zlib.MAX_WBITS, zdict=zdict)
 
 
 def _inflate(data: bytes, max_bytes: int) -> bytes:
@@ -495,9 +552,7 @@ def from_document(doc: Any) -> Batch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries (one per metric)")
-        decoded = [
-            None if c is None else _column(f"{where}.columns[{j}]", c, n, header.version) for j, c in enumerate(cols)
-        ]
+        decoded = _columns(where, cols, n, header.version)
         for i in range(n):
             values: dict[SeriesKey, float] = {}
             for j, col in enumerate(decoded):
@@ -520,7 +575,7 @@ def _header(doc: Any) -> Header:
         raise PayloadError(f"payload format is {doc.get('format')!r}, expected {FORMAT!r}")
     version = doc.get("version")
     if version not in VERSIONS or isinstance(version, bool) or not isinstance(version, int):
-        raise PayloadError(f"unsupported payload version {version!r} (this reader knows 1 and 2)")
+        raise PayloadError(f"unsupported payload version {version!r} (this reader knows 1, 2 and 3)")
     _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
     node = _text("node", doc["node"])
     boot = _text("boot", doc["boot"])
@@ -635,7 +690,25 @@ def _info(where: str, value: Any) -> dict[str, str]:
     return value
 
 
-def _column(where: str, value: Any, n: int, version: int = VERSION) -> list[float | None]:
+def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
+    """A device's columns, decoded in order (a reference names an earlier one)."""
+    out: list[list[float | None] | None] = []
+    for j, col in enumerate(cols):
+        out.append(None if col is None else _column(f"{where}.columns[{j}]", col, n, version, out))
+    return out
+
+
+def _column(
+    where: str, value: Any, n: int, version: int = VERSION, earlier: Sequence[list[float | None] | None] = ()
+) -> list[float | None]:
+    """One column's values; ``earlier`` holds the device's columns before it (for a reference)."""
+    if version >= 3 and not isinstance(value, dict):
+        if isinstance(value, list):
+            return _delta_array(where, value, n)
+        const = _raw_value(where, value)
+        if const is None:
+            raise PayloadError(f"{where} must be a number, an array or an object")
+        return [const] * n
     if not isinstance(value, dict):
         raise PayloadError(f"{where} must be an object or null, not {_jtype(value)}")
     if "values" in value:
@@ -644,6 +717,12 @@ def _column(where: str, value: Any, n: int, version: int = VERSION) -> list[floa
         if not isinstance(raw, list) or len(raw) != n:
             raise PayloadError(f"{where}.values must be an array of {n} entries")
         return [_raw_value(where, v) for v in raw]
+    if version >= 3:
+        if "ref" not in value:
+            raise PayloadError(
+                f"{where}: an object column holds values or ref, not {', '.join(sorted(map(str, value)))}"
+            )
+        return _reference_column(where, value, earlier)
     if "const" in value and version >= 2:
         _keys(where, value, frozenset(("const",)), {"const"})
         const = _raw_value(where, value["const"])
@@ -661,17 +740,35 @@ def _column(where: str, value: Any, n: int, version: int = VERSION) -> list[floa
     order = _int(f"{where}.order", value.get("order", 1))
     if order not in (1, 2):
         raise PayloadError(f"{where}.order must be 1 or 2, got {order}")
-    deltas = value["delta"]
+    return _undelta_column(f"{where}.delta", value["delta"], n, scale, step, order)
+
+
+def _delta_array(where: str, value: list[Any], n: int) -> list[float | None]:
+    """``[form, (step), d_0 ... d_n-1]``: form = scale + 10 * (order - 1), plus 20 when a step follows."""
+    form = _int(f"{where}[0]", value[0]) if value else -1
+    if not 0 <= form < 2 * _HAS_STEP:
+        raise PayloadError(f"{where}: a delta array starts with its form, 0 to {2 * _HAS_STEP - 1}")
+    has_step = form >= _HAS_STEP
+    if len(value) != n + 1 + has_step:
+        raise PayloadError(f"{where} must hold the form, {'the step, ' if has_step else ''}and {n} deltas")
+    step = _int(f"{where}[1]", value[1]) if has_step else 1
+    if step < 1:
+        raise PayloadError(f"{where}: step must be 1 or more, got {step}")
+    form %= _HAS_STEP
+    return _undelta_column(where, value[1 + has_step :], n, form % 10, step, 1 + form // 10)
+
+
+def _undelta_column(where: str, deltas: Any, n: int, scale: int, step: int, order: int) -> list[float | None]:
     if not isinstance(deltas, list) or len(deltas) != n:
-        raise PayloadError(f"{where}.delta must be an array of {n} entries")
+        raise PayloadError(f"{where} must be an array of {n} deltas")
     if order == 2:
         if None in deltas:
-            raise PayloadError(f"{where}.delta of order 2 cannot hold null")
+            raise PayloadError(f"{where}: deltas of order 2 cannot hold null")
         for v in deltas:
-            _int(f"{where}.delta", v)
+            _int(where, v)
         deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))
         if any(abs(v) >= 2 * _SAFE_INT for v in deltas):
-            raise PayloadError(f"{where}.delta runs out of range")
+            raise PayloadError(f"{where} runs out of range")
     p = 10**scale
     out: list[float | None] = []
     total = 0
@@ -679,13 +776,32 @@ def _column(where: str, value: Any, n: int, version: int = VERSION) -> list[floa
         if v is None:
             out.append(None)
             continue
-        total += v if order == 2 else _int(f"{where}.delta", v)
+        total += v if order == 2 else _int(where, v)
         if abs(total * step) >= _SAFE_INT:
-            raise PayloadError(f"{where}.delta runs out of range")
+            raise PayloadError(f"{where} runs out of range")
         out.append(total * step / p)
     return out
 
 
+def _reference_column(
+    where: str, value: dict[str, Any], earlier: Sequence[list[float | None] | None]
+) -> list[float | None]:
+    """``{"ref": j, "sign": s, "add": c}``: ``c + s * v`` for each value ``v`` of the earlier column j."""
+    _keys(where, value, _REF_KEYS, {"ref"})
+    j = _int(f"{where}.ref", value["ref"])
+    other = earlier[j] if 0 <= j < len(earlier) else None
+    if other is None:
+        raise PayloadError(f"{where}.ref must name an earlier column of the device that is not null")
+    sign = _int(f"{where}.sign", value.get("sign", 1))
+    if sign not in (1, -1):
+        raise PayloadError(f"{where}.sign must be 1 or -1, got {sign}")
+    add = _raw_value(f"{where}.add", value.get("add", 0))
+    if add is None or not math.isfinite(add):
+        raise PayloadError(f"{where}.add must be a finite number")
+    return [None if v is None else add + sign * v for v in other]
+
+
+_REF_KEYS = frozenset(("ref", "sign", "add"))
 _DELTA_KEYS_V1 = frozenset(("delta", "scale", "step"))
 _DELTA_KEYS = frozenset(("delta", "scale", "step", "order"))
 

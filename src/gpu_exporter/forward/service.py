@@ -8,7 +8,9 @@ Order after an outage: on reconnect the open batch is closed at once and sent fi
 current immediately); the backlog then drains oldest first at ``--spool.replay-rate`` batches per
 second behind the fresh batches, which always go ahead of it. While the broker is unreachable each
 closed batch doubles the next one's time span (up to 16x ``--mqtt.batch-interval``), so a long outage
-leaves fewer, larger batches.
+leaves fewer, larger batches. While connected, a sample with news an alert waits for (a GPU lost or back,
+an XID, an uncorrectable memory error: ``EVENT_KEYS``) closes its batch at once instead of at the end of
+the interval.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
-__all__ = ["Forwarder", "round_values"]
+__all__ = ["EVENT_KEYS", "Forwarder", "has_event", "round_values"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
@@ -42,6 +44,33 @@ _TURN = 0.1  # longest wait of one loop turn
 
 
 _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
+# What an alert waits for: a change of one of these (or of a device's `up`, or a device coming or going)
+# closes the open batch at once, so that a long --mqtt.batch-interval never delays it.
+EVENT_KEYS = frozenset(
+    (
+        "xid_errors",
+        "ecc_uncorrected_volatile",
+        "ecc_uncorrected_aggregate",
+        "ecc_block_uncorrected",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_failure",
+    )
+)
+
+
+def has_event(before: Sample, after: Sample) -> bool:
+    """Whether ``after`` tells something an alert waits for that ``before`` did not (see EVENT_KEYS)."""
+    previous = {d.device: d for d in before.devices}
+    if len(previous) != len(after.devices):
+        return True
+    for dev in after.devices:
+        old = previous.get(dev.device)
+        if old is None or old.up != dev.up:
+            return True
+        for series, value in dev.values.items():
+            if series[0] in EVENT_KEYS and old.values.get(series) != value:
+                return True
+    return False
 
 
 def round_values(
@@ -131,6 +160,7 @@ class _OpenBatch:
         self.journal: list[str] = []
         self.opened = now
         self.device_samples = 0
+        self.event = False  # holds a sample with news an alert waits for: close it now
 
 
 class Forwarder:
@@ -162,6 +192,8 @@ class Forwarder:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_seq = 0
+        self._previous: Sample | None = None  # the sample taken last, prepared
+        self._event_closed = -math.inf  # when an event last closed a batch early
         self._open = _OpenBatch(clock())
         self._growth = 1
         self._bytes_per_device_sample = 64.0  # running estimate of the payload size
@@ -248,6 +280,9 @@ class Forwarder:
                 self._open.journal.append(key)
             self._open.samples.append(prepared)
             self._open.device_samples += max(1, len(sample.devices))
+            if self._previous is not None and has_event(self._previous, prepared):
+                self._open.event = True
+            self._previous = prepared
             self._last_seq = sample.seq
 
     def _prepare(self, sample: Sample) -> Sample:
@@ -264,6 +299,9 @@ class Forwarder:
         if len(b.samples) >= self.config.mqtt_batch_max_samples:
             return True
         if b.device_samples * self._bytes_per_device_sample >= 0.9 * self.config.mqtt_batch_max_bytes:
+            return True
+        if b.event and self.link.up and now - self._event_closed >= self.config.mqtt_batch_interval:
+            self._event_closed = now  # at most one early close per interval: a flapping GPU costs little
             return True
         return now - b.opened >= self._span()
 
