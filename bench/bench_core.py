@@ -6,7 +6,7 @@ Prints:
   2. scrape latency p50/p99 with 4 concurrent keep-alive clients (gzip, as Prometheus asks);
   3. exporter CPU (% of one core) and RSS at a 1 s interval over --cpu-seconds (default 60 s).
 
-  4. RSS once the default 1024-sample ring is full.
+  4. RSS once the default ring (--metrics-buffer-size) is full.
 
 Usage: python bench/bench_core.py [--runs 3] [--cpu-seconds 60] [--scrape-seconds 10] [--only-full-ring]
 """
@@ -39,6 +39,7 @@ from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.model import Sample  # noqa: E402
 
 GPUS, MIG = 8, 7
+RING = Config().buffer_size  # the default --metrics-buffer-size
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
@@ -233,7 +234,7 @@ def cpu_and_rss(seconds: float) -> tuple[float, float, float]:
 
 
 def full_ring_rss() -> tuple[float, float]:
-    """RSS once the default 1024-sample ring is full (filled fast at a 100 ms interval), and before."""
+    """RSS once the default ring is full (filled fast at a 100 ms interval), and before."""
     proc, port = start_exporter("100ms")
     time.sleep(5)
     early = proc_rss(proc.pid)
@@ -242,7 +243,7 @@ def full_ring_rss() -> tuple[float, float]:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         conn.request("GET", "/metrics")
         page = conn.getresponse().read().decode()
-        if "gpu_exporter_ring_overwritten_total 0.0" not in page and "gpu_exporter_ring_samples 1024.0" in page:
+        if "gpu_exporter_ring_overwritten_total 0.0" not in page and f"gpu_exporter_ring_samples {RING:.1f}" in page:
             break
         time.sleep(2)
     time.sleep(5)
@@ -261,7 +262,7 @@ def main() -> None:
     args = parser.parse_args()
     if args.only_full_ring:
         early, full = full_ring_rss()
-        print(f"RSS with the default 1024-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
+        print(f"RSS with the default {RING}-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
         return
 
     collect_cycle(runs=101)
@@ -278,7 +279,7 @@ def main() -> None:
     print(f"  CPU {cpu:.2f} % of one core (simulated library included)   RSS {rss:.1f} MiB (peak {peak:.1f} MiB)")
 
     early, full = full_ring_rss()
-    print(f"RSS with the default 1024-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
+    print(f"RSS with the default {RING}-sample ring: {early:.1f} MiB after 5 s, {full:.1f} MiB once full")
 
 
 if __name__ == "__main__":

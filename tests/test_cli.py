@@ -105,3 +105,15 @@ def test_version_and_help() -> None:
         "GPU_EXPORTER_WEB_LISTEN_ADDRESS",
     ):
         assert flag in text
+
+
+def test_the_exporter_keeps_one_malloc_arena_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    import platform
+
+    from gpu_exporter import cli
+
+    monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
+    assert not cli.limit_malloc_arenas()  # the user's setting rules: glibc read it at start
+    monkeypatch.delenv("MALLOC_ARENA_MAX")
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert cli.limit_malloc_arenas()

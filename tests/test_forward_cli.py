@@ -15,64 +15,11 @@ import pytest
 from gpu_exporter.forward.batch import decode
 from gpu_exporter.forward.spool import Spool
 
-from .conftest import child_env, exporter_cmd, free_port, http_get
+from .agent_proc import FAST, Proc
+from .conftest import child_env, exporter_cmd
 from .mosquitto import Broker, Collector, broker_fixture, make_tls, wait_until  # noqa: F401  (the broker fixture)
 
 pytestmark = pytest.mark.integration
-
-FAST = ["--gpu-vendor=fake", "--fake.gpus=2", "--gpu-metrics-collection-interval=200ms", "--node-name=edge-1"]
-
-
-class Proc:
-    """The exporter CLI as a child process with its log in a file (readable while it runs)."""
-
-    def __init__(self, tmp_path: Path, *args: str, name: str = "exporter") -> None:
-        self.port = free_port()
-        self.log_path = tmp_path / f"{name}-{self.port}.log"
-        self.args = ["--web.listen-address", f"127.0.0.1:{self.port}", *args]
-        self.proc: subprocess.Popen[bytes] | None = None
-
-    def start(self) -> Proc:
-        with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(exporter_cmd(*self.args), env=child_env(), stdout=log, stderr=log)
-        assert wait_until(self._ready, 20), f"exporter not ready: {self.log()}"
-        return self
-
-    def _ready(self) -> bool:
-        assert self.proc is not None
-        if self.proc.poll() is not None:
-            raise AssertionError(f"exporter exited with {self.proc.returncode}: {self.log()}")
-        try:
-            return http_get(f"http://127.0.0.1:{self.port}/readyz", timeout=1)[0] == 200
-        except OSError:
-            return False
-
-    def metrics(self) -> dict[str, float]:
-        status, body, _ = http_get(f"http://127.0.0.1:{self.port}/metrics")
-        assert status == 200
-        out = {}
-        for line in body.decode().splitlines():
-            if line.startswith("gpu_exporter_forward_"):
-                name, _, value = line.rpartition(" ")
-                out[name] = float(value)
-        return out
-
-    def metric(self, name: str) -> float:
-        return self.metrics().get(name, 0.0)
-
-    def log(self) -> str:
-        return self.log_path.read_text(errors="replace")
-
-    def stop(self, sig: int = signal.SIGTERM) -> int:
-        assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
 
 
 @pytest.fixture
@@ -226,7 +173,7 @@ def test_wrong_password_is_one_log_line_and_the_exporter_keeps_working(tmp_path:
         assert wait_until(lambda: exporter.metric('gpu_exporter_forward_connect_errors_total{kind="auth"}') >= 3, 15)
         assert wait_until(lambda: exporter.metric("gpu_exporter_forward_spool_batches") >= 3, 10)
         assert exporter.metric("gpu_exporter_forward_connected") == 0
-        assert "gpu_utilization_ratio" in http_get(f"http://127.0.0.1:{exporter.port}/metrics")[1].decode()
+        assert "gpu_utilization_ratio" in exporter.scrape()
         lines = _problem_lines(exporter.log(), "refused the credentials")
         assert len(lines) == 1, exporter.log()
         assert "user 'edge'" in lines[0] and "Traceback" not in exporter.log()

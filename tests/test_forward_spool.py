@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
+from typing import NamedTuple
+
+import pytest
 
 from gpu_exporter.forward.spool import Spool
 
@@ -86,6 +90,36 @@ def test_reopening_restores_order_sizes_and_the_journal(tmp_path: Path) -> None:
     assert again.newest() == newest and newest.counter == 13
 
 
+def test_a_long_queue_keeps_its_order_through_removals_anywhere(tmp_path: Path) -> None:
+    """Acknowledgements come newest first (fresh batches) and oldest first (the backlog), drops happen
+    while iterating: the spool answers as a plain ordered list of what is left would, also after a restart."""
+    spool = Spool(str(tmp_path), 1 << 30, 1e9)
+    spool.open()
+    entries = [spool.put(f"b{i}".encode(), i, i, 1) for i in range(1, 1201)]
+    left = list(entries)
+    for entry in entries[1100:][::-1] + entries[:700] + entries[900:1000:3]:  # newest, oldest, a middle stretch
+        assert spool.remove(entry) and not spool.remove(entry)
+        left.remove(entry)
+    assert entries[0] not in spool and entries[800] in spool
+    for entry in spool.entries():  # dropping every other one while iterating skips nothing else
+        if entry.first_seq % 2:
+            assert spool.remove(entry)
+            left.remove(entry)
+    assert list(spool.entries()) == left and len(spool) == len(left)
+    assert spool.oldest() == left[0] and spool.newest() == left[-1]
+    assert spool.total_bytes == sum(e.size for e in left)
+    assert all(spool.get(e) == f"b{e.first_seq}".encode() for e in left)
+    spool.close()
+
+    again = Spool(str(tmp_path), 1 << 30, 1e9)
+    again.open()
+    assert list(again.entries()) == left
+    assert again.put(b"next", 1201, 1201, 1).counter == left[-1].counter + 1
+    for entry in list(again.entries()):
+        again.remove(entry)
+    assert len(again) == 0 and again.oldest() is None and again.newest() is None
+
+
 def test_foreign_keys_and_an_unreadable_database_are_moved_aside(tmp_path: Path) -> None:
     import diskcache
 
@@ -133,13 +167,13 @@ def test_a_full_disk_is_counted_and_never_raises(tmp_path: Path) -> None:
         spool = Spool({str(tmp_path)!r}, 1 << 40, 1e9, on_drop=on_drop)
         spool.open()
         resource.setrlimit(resource.RLIMIT_FSIZE, (2 * 1024 * 1024, 2 * 1024 * 1024))
-        blob = bytes(range(256)) * 400  # 100 KiB, stored as a file by diskcache
-        entries = [spool.put(blob, i, i, 1) for i in range(1, 301)]  # 30 MiB
+        blob = bytes(range(256)) * 120  # 30 KiB, kept inside SQLite's database: it passes 2 MiB
+        entries = [spool.put(blob, i, i, 1) for i in range(1, 601)]  # 18 MiB
         assert spool.write_errors > 0, "the disk should have refused"
         kept = [e for e in entries if e in spool]
         assert all(spool.get(e) == blob for e in kept)
         assert drops.get("disk_full", 0) > 0
-        assert len(kept) + drops["disk_full"] == 300
+        assert len(kept) + drops["disk_full"] == 600
         print("ok", spool.write_errors, len(kept), drops["disk_full"])
         """
     )
@@ -150,3 +184,44 @@ def test_a_full_disk_is_counted_and_never_raises(tmp_path: Path) -> None:
     assert result.stdout.startswith(b"ok"), result.stdout
     assert b"Traceback" not in result.stderr
     assert result.stderr.decode().count("failed") >= 1  # one clear line, not one per batch
+
+
+class Usage(NamedTuple):
+    total: int
+    used: int
+    free: int
+
+
+def test_the_spool_leaves_a_reserve_free_on_its_filesystem(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """A 4 MiB volume (its free space faked from what the spool holds): the spool keeps 1 MiB of it free,
+    dropping its oldest batches as disk_full, as few as needed and never the batch being written, also
+    when something else takes the space; one log line for it, not one per batch."""
+    total, other = 4 << 20, [0]
+    drops = Drops()
+    spool = Spool(str(tmp_path), max_bytes=1 << 30, max_age=1e9, on_drop=drops)
+
+    def disk_usage(path: str) -> Usage:
+        used = other[0] + spool.total_bytes
+        return Usage(total, used, max(0, total - used))
+
+    monkeypatch.setattr(shutil, "disk_usage", disk_usage)
+    spool.open()
+    entries = [spool.put(bytes([i]) * 100 * 1024, i, i, 2) for i in range(1, 41)]
+    assert spool.write_errors == 0
+    assert list(spool.entries()) == entries[10:]  # 30 x 100 KiB fit in 3 MiB: the 10 oldest went
+    assert drops.batches == {"disk_full": 10} and drops.samples == {"disk_full": 20}
+    assert len([r for r in caplog.records if "nearly full" in r.getMessage()]) == 1
+
+    other[0] = 1 << 20  # something else takes 1 MiB: 72 KiB free, the next expire() gives 952 KiB back
+    spool.expire()
+    assert list(spool.entries()) == entries[20:] and drops.batches == {"disk_full": 20}
+    spool.expire()
+    assert drops.batches == {"disk_full": 20}  # no more than needed
+
+    other[0] = 2 * total  # nothing to be had: every batch on disk goes, the one being written stays
+    last = spool.put(bytes(5 << 20), 41, 41, 1)
+    assert list(spool.entries()) == [last] and drops.batches == {"disk_full": 40}
+    assert spool.get(last) == bytes(5 << 20)
+    spool.close()

@@ -14,10 +14,9 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
-
-import yaml
 
 if TYPE_CHECKING:
     import ssl
@@ -39,7 +38,7 @@ class ConfigError(ValueError):
 class Config:
     gpu_vendor: str = "auto"
     interval: float = 5.0
-    buffer_size: int = 1024
+    buffer_size: int = 256
     listen_address: str = ":9400"
     telemetry_path: str = "/metrics"
     node_name: str = ""
@@ -361,7 +360,8 @@ OPTIONS: tuple[Option, ...] = (
         "metrics-buffer-size",
         "buffer_size",
         _positive_int,
-        "samples kept in the ring buffer (the oldest is overwritten)",
+        "samples kept in the ring buffer (the oldest is overwritten); it only needs to cover a pause of the "
+        "forwarder or of pod attribution, 21 min at the default interval",
         "N",
     ),
     Option(
@@ -710,20 +710,27 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-class _LineLoader(yaml.SafeLoader):
-    """Safe loader that remembers the line of every mapping key, for error messages."""
+@cache
+def _line_loader() -> Any:
+    """A safe YAML loader that remembers the line of every mapping key, for error messages.
 
+    Built on first use: PyYAML (1.3 MiB of RSS with its C extension) is imported only with --config.file.
+    """
+    import yaml
 
-def _construct_mapping(loader: _LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-    mapping = loader.construct_mapping(node, deep=True)
-    lines = {}
-    for key_node, _ in node.value:
-        lines[loader.construct_object(key_node)] = key_node.start_mark.line + 1
-    mapping["__lines__"] = lines
-    return mapping
+    class LineLoader(yaml.SafeLoader):
+        pass
 
+    def construct_mapping(loader: LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
+        mapping = loader.construct_mapping(node, deep=True)
+        lines = {}
+        for key_node, _ in node.value:
+            lines[loader.construct_object(key_node)] = key_node.start_mark.line + 1
+        mapping["__lines__"] = lines
+        return mapping
 
-_LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
+    return LineLoader
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:
@@ -746,8 +753,10 @@ def read_file(path: str) -> dict[str, tuple[Any, int]]:
             text = handle.read()
     except OSError as exc:
         raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
+    import yaml
+
     try:
-        data = yaml.load(text, Loader=_LineLoader)
+        data = yaml.load(text, Loader=_line_loader())
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"{path}:{mark.line + 1}" if mark is not None else path
