@@ -1,10 +1,10 @@
 """GPU-samples per second one bridge process decodes and writes, per core of CPU time.
 
-Batches as an 8-GPU edge node forwards them (the simulated H100 backend: ~90 values per GPU, 6 samples
-per batch, i.e. 30 s at a 5 s interval) go through the bridge's writer path, ``Bridge.process``:
+Batches as an 8-GPU edge node forwards them (the simulated H100 backend: ~90 values per GPU, 24 samples
+per batch by default, i.e. the default 2 min at a 5 s interval; --samples 6 for 30 s batches) go through the bridge's writer path, ``Bridge.process``:
 decode, replay check, conversion, protobuf, snappy, and HTTP POST to a real receiver (VictoriaMetrics
 when installed, else a local sink that answers 204). MQTT receive is left out (paho's cost per message
-is small next to a batch of 48 GPU-samples). Reported: the median of several runs of CPU seconds of this
+is small next to a batch of 192 GPU-samples). Reported: the median of several runs of CPU seconds of this
 process only (the receiver runs in another process), and a breakdown by stage.
 
     PYTHONPATH=src python bench/bench_bridge.py [--nodes 200] [--runs 5]
@@ -141,7 +141,12 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--nodes", type=int, default=200, help="batches per run (one per node)")
     parser.add_argument("--gpus", type=int, default=8)
-    parser.add_argument("--samples", type=int, default=6, help="samples per batch")
+    parser.add_argument(
+        "--samples",
+        type=int,
+        default=round(cfg.Config().mqtt_batch_interval / 5),
+        help="samples per batch (default: a default-length batch at a 5 s interval)",
+    )
     parser.add_argument("--group", type=int, default=20, help="messages per remote write")
     parser.add_argument("--runs", type=int, default=5, help="rounds measured (after one warm-up round)")
     parser.add_argument("--stdlib-json", action="store_true", help="parse with json even if orjson is installed")

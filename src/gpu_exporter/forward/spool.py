@@ -609,8 +609,10 @@ class Spool:
             samples += entry.samples
         if not batches:
             return
-        with contextlib.suppress(*_DISK_ERRORS):  # give the pages back now, before the next check reads them
-            self._cache._sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()  # this thread's diskcache connection
+        # Give the pages back now, before the next check reads them, on this thread's diskcache connection
+        # (diskcache's own attribute: should a release lack it, the space comes back at the next checkpoint).
+        with contextlib.suppress(*_DISK_ERRORS, AttributeError):
+            self._cache._sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         self._reserve_drops += batches
         now = time.monotonic()
         if now - self._reserve_logged_at >= _LOG_EVERY:
