@@ -333,3 +333,24 @@ def test_what_counts_as_an_event() -> None:
     )
     assert has_event(Sample(1, 0.0, (base.devices[0], DeviceSample(DEVICES[1], True, {}))), ecc)
     assert {m.key for m in catalog.CATALOG} >= EVENT_KEYS
+
+
+def test_a_batch_over_the_size_cap_is_split_and_each_half_takes_its_own_journal(tmp_path: Path, broker: Broker) -> None:
+    ring = RingBuffer(64)
+    config = make_config(tmp_path, broker, **{"mqtt.batch-max-bytes": "1KiB", "mqtt.batch-interval": "1h"})
+    fwd = Forwarder(config, ring, CollectorRegistry())  # not started: driven by hand, the broker never asked
+    fwd.spool.open()
+    for seq in range(1, 49):
+        ring.append(make_sample(seq, noisy=True))
+    fwd._take()
+    fwd._close_batch()
+    entries = list(fwd.spool.entries())
+    assert len(entries) >= 2  # 48 noisy samples (random 48-bit PCIe figures) do not fit in 1 KiB
+    assert [(e.first_seq, e.last_seq) for e in entries] == sorted((e.first_seq, e.last_seq) for e in entries)
+    covered = [seq for e in entries for seq in range(e.first_seq, e.last_seq + 1)]
+    assert covered == list(range(1, 49))
+    fwd.spool.close()
+    again = Spool(config.spool_dir, 1 << 30, 1e9)
+    assert again.open() == []  # every journaled sample went with the half that holds it
+    assert [(e.first_seq, e.last_seq) for e in again.entries()] == [(e.first_seq, e.last_seq) for e in entries]
+    again.close()

@@ -325,8 +325,10 @@ class Forwarder:
         self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
         if len(data) > self.config.mqtt_batch_max_bytes and len(samples) > 1:
             half = len(samples) // 2
-            first = self._store(samples[:half], [], node, boot)
-            return first + self._store(samples[half:], journal, node, boot)
+            cut = samples[half - 1].seq  # each half takes the journal keys of its own samples
+            mine = {key for key in journal if int(key.rsplit(".", 1)[1]) <= cut}  # j.<boot>.<seq>
+            first = self._store(samples[:half], sorted(mine), node, boot)
+            return first + self._store(samples[half:], [key for key in journal if key not in mine], node, boot)
         before = self.spool.write_errors
         entry = self.spool.put(data, samples[0].seq, samples[-1].seq, len(samples), journal)
         if self.spool.write_errors != before:
