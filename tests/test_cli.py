@@ -6,6 +6,7 @@ import gzip
 import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -107,13 +108,14 @@ def test_version_and_help() -> None:
         assert flag in text
 
 
-def test_the_exporter_keeps_one_malloc_arena_unless_the_environment_says(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_malloc_arena_limit_defers_to_malloc_arena_max_and_takes_on_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     import platform
 
     from gpu_exporter import cli
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
     assert not cli.limit_malloc_arenas()  # the user's setting rules: glibc read it at start
-    monkeypatch.delenv("MALLOC_ARENA_MAX")
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
-        assert cli.limit_malloc_arenas()
+        env = {k: v for k, v in child_env().items() if k != "MALLOC_ARENA_MAX"}
+        code = "from gpu_exporter import cli; raise SystemExit(0 if cli.limit_malloc_arenas() else 1)"
+        assert subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode == 0  # mallopt took

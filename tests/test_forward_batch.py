@@ -246,6 +246,23 @@ def test_a_column_that_moves_with_an_earlier_one_travels_as_a_reference_to_it() 
     VALIDATOR.validate(doc)
 
 
+@settings(max_examples=200, deadline=None)
+@given(
+    st.lists(
+        st.integers(-(2**53) + 1, 2**53 - 1) | st.sampled_from([2**53 - 1, -(2**53) + 1, 0]), min_size=1, max_size=6
+    )
+)
+def test_values_near_the_edge_of_exact_json_integers_still_round_trip(ints: list[int]) -> None:
+    # deltas between values near +-2**53 would be out of the range a reader accepts: plain values then
+    dev = DeviceId("0", "GPU-a")
+    samples = tuple(
+        Sample(i + 1, 1.0 + i, (DeviceSample(dev, True, {("energy", ()): float(v)}),)) for i, v in enumerate(ints)
+    )
+    b = Batch("n", "boot", samples)
+    assert comparable(decode(encode(b))) == comparable(b)
+    VALIDATOR.validate(to_document(b))
+
+
 def test_a_device_absent_from_some_samples_comes_back_absent() -> None:
     a, b = DeviceId("0", "GPU-a"), DeviceId("1", "GPU-b")
     s1 = Sample(1, 10.0, (DeviceSample(a, True, {("power", ()): 1.5}), DeviceSample(b, True, {})))

@@ -335,22 +335,37 @@ def test_what_counts_as_an_event() -> None:
     assert {m.key for m in catalog.CATALOG} >= EVENT_KEYS
 
 
-def test_a_batch_over_the_size_cap_is_split_and_each_half_takes_its_own_journal(tmp_path: Path, broker: Broker) -> None:
+def test_a_batch_over_the_size_cap_is_split_and_each_half_takes_its_own_journal(
+    tmp_path: Path, broker: Broker, monkeypatch: pytest.MonkeyPatch
+) -> None:
     ring = RingBuffer(64)
     config = make_config(tmp_path, broker, **{"mqtt.batch-max-bytes": "1KiB", "mqtt.batch-interval": "1h"})
-    fwd = Forwarder(config, ring, CollectorRegistry())  # not started: driven by hand, the broker never asked
+    registry = CollectorRegistry()
+    fwd = Forwarder(config, ring, registry)  # not started: driven by hand, the broker never asked
     fwd.spool.open()
     for seq in range(1, 49):
         ring.append(make_sample(seq, noisy=True))
-    fwd._take()
+    fwd._take()  # every sample journaled on disk
+    writes = []
+    real_write = fwd.spool._write
+
+    def disk_full_after_the_first_half(key: str, data: bytes, journal: Any) -> BaseException | None:
+        writes.append(list(journal))
+        return OSError(28, "No space left on device") if len(writes) > 1 else real_write(key, data, journal)
+
+    monkeypatch.setattr(fwd.spool, "_write", disk_full_after_the_first_half)
     fwd._close_batch()
     entries = list(fwd.spool.entries())
     assert len(entries) >= 2  # 48 noisy samples (random 48-bit PCIe figures) do not fit in 1 KiB
-    assert [(e.first_seq, e.last_seq) for e in entries] == sorted((e.first_seq, e.last_seq) for e in entries)
     covered = [seq for e in entries for seq in range(e.first_seq, e.last_seq + 1)]
     assert covered == list(range(1, 49))
-    fwd.spool.close()
+    stored = entries[0]  # the first half reached the disk and took its own samples' journal with it
+    assert [int(k.rsplit(".", 1)[1]) for k in writes[0]] == list(range(stored.first_seq, stored.last_seq + 1))
+    fwd.spool.close()  # the rest stayed in memory: its samples are journaled, so nothing is lost
+    assert metric(registry, "gpu_exporter_forward_dropped_samples_total", reason="disk_full") == 0
     again = Spool(config.spool_dir, 1 << 30, 1e9)
-    assert again.open() == []  # every journaled sample went with the half that holds it
-    assert [(e.first_seq, e.last_seq) for e in again.entries()] == [(e.first_seq, e.last_seq) for e in entries]
+    journal = again.open()
+    assert [(e.first_seq, e.last_seq) for e in again.entries()] == [(stored.first_seq, stored.last_seq)]
+    # the next start folds exactly the samples that were not in the stored half back into batches
+    assert sorted(int(k.rsplit(".", 1)[1]) for k, _ in journal) == list(range(stored.last_seq + 1, 49))
     again.close()

@@ -47,6 +47,27 @@ def test_past_the_byte_cap_the_oldest_batches_go_first_and_are_counted(tmp_path:
     assert oldest is not None and spool.get(oldest) == bytes([5]) * 1000
 
 
+def test_a_batch_in_flight_is_never_dropped_by_the_caps(tmp_path: Path) -> None:
+    # The broker may be acknowledging it: dropped too, it would count as lost and as delivered.
+    drops, clock = Drops(), Clock()
+    spool = Spool(str(tmp_path), max_bytes=5_000, max_age=3600, on_drop=drops, clock=clock)
+    spool.open()
+    first = spool.put(b"a" * 1000, 1, 10, 10)
+    spool.pinned.add(first.key)  # published, PUBACK pending
+    for i in range(1, 6):
+        spool.put(bytes([i]) * 1000, i * 10 + 1, i * 10 + 10, 10)
+    assert first in spool and spool.get(first) == b"a" * 1000
+    assert [e.first_seq for e in spool.entries()] == [1, 21, 31, 41, 51]  # the next oldest went instead
+    assert drops.batches == {"max_bytes": 1}
+    clock.now += 7200
+    spool.expire()
+    assert [e.first_seq for e in spool.entries()] == [1]  # the age limit passes over it too
+    spool.pinned.discard(first.key)  # the connection dropped: it is an ordinary old batch again
+    spool.expire()
+    assert len(spool) == 0 and drops.batches == {"max_bytes": 1, "max_age": 5}
+    spool.close()
+
+
 def test_a_batch_larger_than_the_whole_cap_is_dropped_and_counted(tmp_path: Path) -> None:
     drops = Drops()
     spool = Spool(str(tmp_path), max_bytes=1000, max_age=1e9, on_drop=drops)

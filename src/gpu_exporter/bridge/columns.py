@@ -66,8 +66,10 @@ def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
 def _parse(text: bytes) -> Any:
     """JSON with orjson when it is installed (it parses a batch in about two thirds of the time), else
     with the standard library exactly as the codec does. Both refuse NaN and Infinity literals, invalid
-    UTF-8 and runaway nesting; orjson also refuses integers beyond 64 bits, which the codec's range
-    checks would refuse anyway, and lone surrogates, which _check_encodable refuses here too."""
+    UTF-8 and runaway nesting. orjson reads an integer beyond 64 bits as a float (the standard library as
+    an int): the codec's range checks refuse it where a delta is expected, and elsewhere (a constant,
+    plain values, a reference's "add") both give the same float. It refuses lone surrogates, which
+    _check_encodable refuses here too."""
     if _orjson is not None:
         try:
             return _orjson.loads(text)

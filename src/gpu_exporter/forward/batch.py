@@ -338,12 +338,14 @@ def _encode_column(col: list[float | None]) -> Any:
             continue
         out.append(n // step - last)
         last = n // step
+    if not _in_range(out):  # a swing across nearly all of ±2**53: the deltas would not be exact in JSON
+        return {"values": [_raw(v) for v in col]}
     order = 1
     if None not in out and len(out) > 2:
         # A counter at a steady rate (energy, NVLink bytes) or a smooth reading: its deltas change
         # less than the values do. Take the deltas of the deltas where they are written shorter.
         second = [out[0], *_deltas(out[1:])]  # type: ignore[arg-type]
-        if _digits(second) < _digits(out):
+        if _digits(second) < _digits(out) and _in_range(second):
             out, order = second, 2
     form = scale + 10 * (order - 1)
     if step > 1:  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
@@ -352,6 +354,10 @@ def _encode_column(col: list[float | None]) -> Any:
 
 
 _HAS_STEP = 20  # added to a delta array's form when a step follows it
+
+
+def _in_range(ints: list[int | None]) -> bool:
+    return all(n is None or abs(n) < _SAFE_INT for n in ints)
 
 
 def _digits(ints: list[Any]) -> int:
@@ -822,7 +828,7 @@ def _raw_value(where: str, v: Any) -> float | None:
 
 
 def schema() -> dict[str, Any]:
-    """The JSON Schema of the document, versions 1 and 2 (payload.schema.json, shipped with the package)."""
+    """The JSON Schema of the document, versions 1 to 3 (payload.schema.json, shipped with the package)."""
     from importlib import resources
 
     text = resources.files("gpu_exporter.forward").joinpath("payload.schema.json").read_text("utf-8")

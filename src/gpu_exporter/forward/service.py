@@ -397,6 +397,7 @@ class Forwarder:
                 self.metrics.publish_errors.inc()
                 break
             self._inflight[mid] = entry
+            self.spool.pinned.add(entry.key)
             busy.add(entry.key)
 
     def _next_backlog(self, exclude: set[str]) -> Entry | None:
@@ -411,6 +412,7 @@ class Forwarder:
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return  # the status message, or a batch of a connection already given up
+        self.spool.pinned.discard(entry.key)
         if not ok:
             self.metrics.publish_errors.inc()
             log.warning("broker refused batch %d-%d: %s", entry.first_seq, entry.last_seq, reason)
@@ -439,6 +441,7 @@ class Forwarder:
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
+        self.spool.pinned.clear()
         self._live.clear()
 
     def _dropped(self, reason: str, batches: int, samples: int) -> None:

@@ -265,6 +265,9 @@ class Spool:
         self._refusing = False  # the last write failed
         self._logged_at = -_LOG_EVERY
         self._reserve_drops = 0  # batches dropped to keep the reserve free (see _keep_reserve)
+        # Keys of batches in flight (the forwarder keeps this): the caps, the age limit and the reserve pass
+        # over them, so that a batch the broker is about to acknowledge is never also counted as dropped.
+        self.pinned: set[str] = set()
         self._reserve_logged_at = -_LOG_EVERY
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -501,21 +504,23 @@ class Spool:
         for entry in self.entries():
             if entry.created_ms >= limit_ms:
                 break
-            self._drop(entry, "max_age")
-            gone += 1
+            if entry.key not in self.pinned:
+                self._drop(entry, "max_age")
+                gone += 1
         return gone
 
     def _enforce_caps(self, keep: Entry) -> None:
         for entry in self.entries():
             if self._bytes <= self.max_bytes:
                 break
-            if entry == keep and len(self._index) > 1:
+            if (entry == keep and len(self._index) > 1) or entry.key in self.pinned:
                 continue
             self._drop(entry, "max_bytes")
         for key in list(self._memory):
             if self._memory_bytes <= _MEMORY_CAP:
                 break
-            self._drop(_entry_of(key), "disk_full")
+            if key not in self.pinned:
+                self._drop(_entry_of(key), "disk_full")
 
     def _drop(self, entry: Entry, reason: str) -> None:
         if not self._index.remove(entry):
@@ -596,7 +601,7 @@ class Spool:
         for entry in self.entries():
             if freed >= short:
                 break
-            if entry.key in self._memory:
+            if entry.key in self._memory or entry.key in self.pinned:
                 continue
             try:
                 self._cache.delete(entry.key)
