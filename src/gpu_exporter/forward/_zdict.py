@@ -8,44 +8,6 @@ fields as the backends write them, the most frequent last, where a back-referenc
 that is not in them still travels, at its full cost.
 """
 
-ZDICT = (
-    b'["temp_junction",[]],["fan_speed",[]],["retired_pages_sbe",[]],["retired_pages_dbe",[]],["multimedia'
-    b'_utilization",[]],["clock_soc",[]],["clock_max_soc",[]],["clock_min_graphics",[]],["frequency_govern'
-    b'or",[]],["pcie_bandwidth",[]],["ecc_block_corrected",[]],["ecc_block_uncorrected",[]],["board_power"'
-    b',[]],["power_rail",[]]"info":{"name":"AMD Instinct MI300X","vbios_version":"","serial":"","pci_bus_i'
-    b'd":"0000:","device":"card0","driver_version":"","vendor":"amd"},"info":{"name":"NVIDIA A100-SXM4-80G'
-    b'B","serial":"","pci_bus_id":"00000000:","device":"nvidia","driver_version":"","cuda_version":"12.","'
-    b'vendor":"nvidia"},"id":{"gpu":"0","uuid":"MIG-","gpu_instance":"","compute_instance":"0","mig_profil'
-    b'e":"1g.10gb","parent_uuid":"GPU-"},{"values":[null,{"format":"gpu-exporter.batch","version":3,"node"'
-    b':"","boot":"","first_seq":,"last_seq":,"seq":[1,1,1,1,1],"time_ms":[5000,5000,5000,5000,5000],"metri'
-    b'cs":[["clock_max_graphics",[]],["clock_max_sm",[]],["clock_max_memory",[]],["clock_max_video",[]],["'
-    b'utilization",[]],["memory_utilization",[]],["encoder_utilization",[]],["decoder_utilization",[]],["m'
-    b'emory_total",[]],["memory_used",[]],["memory_free",[]],["memory_reserved",[]],["temp_gpu",[]],["temp'
-    b'_memory",[]],["power",[]],["power_limit",[]],["energy",[]],["clock_graphics",[]],["clock_sm",[]],["c'
-    b'lock_memory",[]],["clock_video",[]],["performance_state",[]],["clock_event_reason",["gpu_idle"]],["c'
-    b'lock_event_reason",["applications_clocks_setting"]],["clock_event_reason",["sw_power_cap"]],["clock_'
-    b'event_reason",["hw_slowdown"]],["clock_event_reason",["sync_boost"]],["clock_event_reason",["sw_ther'
-    b'mal_slowdown"]],["clock_event_reason",["hw_thermal_slowdown"]],["clock_event_reason",["hw_power_brak'
-    b'e_slowdown"]],["pcie_tx",[]],["pcie_rx",[]],["pcie_replay",[]],["pcie_link_generation",[]],["pcie_li'
-    b'nk_width",[]],["ecc_corrected_volatile",[]],["ecc_corrected_aggregate",[]],["ecc_uncorrected_volatil'
-    b'e",[]],["ecc_uncorrected_aggregate",[]],["remapped_rows_correctable",[]],["remapped_rows_uncorrectab'
-    b'le",[]],["remapped_rows_pending",[]],["remapped_rows_failure",[]],["nvlink_tx",["0"]],["nvlink_rx",['
-    b'"0"]],["nvlink_tx",["1"]],["nvlink_rx",["1"]],["nvlink_tx",["2"]],["nvlink_rx",["2"]],["nvlink_tx",['
-    b'"3"]],["nvlink_rx",["3"]],["nvlink_tx",["4"]],["nvlink_rx",["4"]],["nvlink_tx",["5"]],["nvlink_rx",['
-    b'"5"]],["nvlink_tx",["6"]],["nvlink_rx",["6"]],["nvlink_tx",["7"]],["nvlink_rx",["7"]],["nvlink_tx",['
-    b'"8"]],["nvlink_rx",["8"]],["nvlink_tx",["9"]],["nvlink_rx",["9"]],["nvlink_tx",["10"]],["nvlink_rx",'
-    b'["10"]],["nvlink_tx",["11"]],["nvlink_rx",["11"]],["nvlink_tx",["12"]],["nvlink_rx",["12"]],["nvlink'
-    b'_tx",["13"]],["nvlink_rx",["13"]],["nvlink_tx",["14"]],["nvlink_rx",["14"]],["nvlink_tx",["15"]],["n'
-    b'vlink_rx",["15"]],["nvlink_tx",["16"]],["nvlink_rx",["16"]],["nvlink_tx",["17"]],["nvlink_rx",["17"]'
-    b'],["processes",[]],["processes_memory",[]],["xid_errors",["48"]],["xid_errors",["63"]],["xid_errors"'
-    b',["64"]],["xid_errors",["74"]],["xid_errors",["79"]],["xid_errors",["92"]],["xid_errors",["94"]],["x'
-    b'id_errors",["95"]],["sm_active",[]],["sm_occupancy",[]],["tensor_active",[]],["dram_active",[]],["fp'
-    b'64_active",[]],["fp32_active",[]],["fp16_active",[]]],"devices":[{"id":{"gpu":"0","uuid":"GPU-"},"in'
-    b'fo":{"name":"NVIDIA H100 80GB HBM3","serial":"","pci_bus_id":"00000000:","device":"nvidia0","driver_'
-    b'version":"","cuda_version":"12.","vendor":"nvidia"},"up":[1,1,1,1,1,1,1,1,1,1,1,1],"columns":[0,1,nu'
-    b'll,{"ref":9,"sign":-1,"add":[0,0,0,0,0,0,0],[10,[11,[12,[13,[14,[22,1024,[20,4096,[20,1000000,[30,'
-)
-
 # What the dictionaries share: catalog keys and identity fields, then the document's skeleton around
 # the version number, up to the device's "up" field.
 _HEAD = (
