@@ -368,16 +368,16 @@ class Forwarder:
         rate = self.config.spool_replay_rate
         self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)
         self._tokens_at = now
-        busy = {e.key for e in self._inflight.values()}
+        inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         live = {e.key for e in self._live}
         while self.link.up and len(self._inflight) < WINDOW:
             if self._live:
                 entry = self._live.popleft()
                 live.discard(entry.key)
-                if entry not in self.spool or entry.key in busy:
+                if entry not in self.spool or entry.key in inflight:
                     continue
             elif self._tokens >= 1:
-                found = self._next_backlog(busy | live)
+                found = self._next_backlog(inflight | live)
                 if found is None:
                     break
                 entry = found
@@ -397,8 +397,7 @@ class Forwarder:
                 self.metrics.publish_errors.inc()
                 break
             self._inflight[mid] = entry
-            self.spool.pinned.add(entry.key)
-            busy.add(entry.key)
+            inflight.add(entry.key)
 
     def _next_backlog(self, exclude: set[str]) -> Entry | None:
         for entry in self.spool.entries_view():
