@@ -255,7 +255,7 @@ def test_close_shuts_the_library_down():
 
 @pytest.mark.skipif(
     bool(ctypes.util.find_library("amd_smi")) or Path("/opt/rocm/lib/libamd_smi.so").exists(),
-    reason="ROCm's libamd_smi.so is installed here",
+    reason="not applicable here: ROCm's libamd_smi.so is installed",
 )
 def test_real_package_without_rocm_library_gives_library_not_found(tmp_path):
     """The installed amdsmi raises KeyError at import when libamd_smi.so is missing (as here)."""

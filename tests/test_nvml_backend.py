@@ -279,7 +279,7 @@ def test_missing_driver_library_with_the_real_pynvml() -> None:
         pass
     else:  # pragma: no cover - a machine with a driver
         pynvml.nvmlShutdown()
-        pytest.skip("this machine has libnvidia-ml.so.1")
+        pytest.skip("not applicable here: this machine has libnvidia-ml.so.1")
     with pytest.raises(BackendError) as info:
         NvmlBackend(Config()).open()
     assert "libnvidia-ml.so.1 not found" in str(info.value)
