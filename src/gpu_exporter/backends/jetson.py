@@ -1,7 +1,9 @@
 """NVIDIA Jetson (Nano, TX2, Xavier, Orin) through sysfs and procfs only: no NVML, no tegrastats.
 
 The integrated GPU is found by its devfreq node (``class/devfreq/*`` whose ``device/of_node/name`` is a
-known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor; the load (0-1000)
+known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor. Container runtimes
+mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable: then the SoC's own sysfs
+entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``. The load (0-1000)
 sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
 ``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4), memory from
 ``/proc/meminfo`` because the GPU shares system RAM. Every path is under ``--path.sysfs`` and
@@ -35,6 +37,10 @@ CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})
 GPU_NODE_NAMES = CHIP_NAMES | {"gpu"}
 INPUT_RAILS = ("VDD_IN", "VIN", "POM_5V_IN")  # the whole module's input
 GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
+# the GPU driver a Jetson's devfreq device is bound to (nvgpu registers its platform driver as gk20a)
+GPU_DRIVERS = frozenset({"gk20a", "nvgpu"}) | CHIP_NAMES
+# ``devices/soc0/soc_id`` of Tegra SoCs (the chip ID in decimal) -> their GPU
+SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b"}
 # load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
 _LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
 # Tegra thermal zones read -256 °C when the sensor is powered off
@@ -76,18 +82,29 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
         entries = sorted(devfreq.iterdir())
     except OSError:
         return None
+    tegra = _first_word(sysfs / "devices" / "soc0" / "family") == "Tegra"
     for entry in entries:
         of_node = entry / "device" / "of_node"
         node_name = _first_word(of_node / "name")
         suffix = entry.name.rpartition(".")[2]
-        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES:
+        driver = _link_name(entry / "device" / "driver")
+        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES and not (tegra and driver in GPU_DRIVERS):
             continue
         compatible = _first_word(of_node / "compatible")  # "nvidia,ga10b" or "nvidia,tegra210-gm20b"
-        if not _is_nvidia(sysfs, compatible) and node_name not in CHIP_NAMES and suffix not in CHIP_NAMES:
+        named_chip = node_name in CHIP_NAMES or suffix in CHIP_NAMES
+        if not named_chip and not tegra and not _is_nvidia(sysfs, compatible):
             log.debug("devfreq %s is a GPU but not an NVIDIA one (%s)", entry.name, compatible or "?")
             continue
+        if tegra and compatible and not compatible.startswith("nvidia,"):
+            continue  # another vendor's GPU next to a Tegra (not known to exist, but never take it)
         chip = compatible.partition(",")[2].rpartition("-")[2] if "," in compatible else ""
-        chip = chip or (suffix if suffix != "gpu" else node_name) or entry.name
+        if not chip and suffix in CHIP_NAMES:
+            chip = suffix
+        if not chip and node_name in CHIP_NAMES:
+            chip = node_name
+        if not chip and tegra:  # the device tree is masked: the SoC names the GPU
+            chip = SOC_CHIPS.get(_first_word(sysfs / "devices" / "soc0" / "soc_id"), "")
+        chip = chip or node_name or entry.name
         load: Path | None = None
         for candidate in (entry / "device" / "load", *(sysfs / p for p in _LEGACY_LOAD)):
             if candidate.exists():
@@ -95,6 +112,14 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
                 break
         return GpuNode(entry, chip, load)
     return None
+
+
+def _link_name(path: Path) -> str:
+    """The last element of a symlink's target (``device/driver`` -> ``gk20a``), or ""."""
+    try:
+        return os.readlink(path).rstrip("/").rpartition("/")[2]
+    except OSError:
+        return ""
 
 
 def _is_nvidia(sysfs: Path, compatible: str) -> bool:
@@ -172,10 +197,11 @@ class JetsonBackend:
         gpu = find_gpu(self._sysfs)
         if gpu is None:
             raise NoDevicesError(
-                f"no Jetson GPU under {self._sysfs}/class/devfreq (looked for gv11b, ga10b, gp10b, *.gpu)"
+                f"no Jetson GPU under {self._sysfs}/class/devfreq (looked for gv11b, ga10b, gp10b, and *.gpu on an NVIDIA or Tegra board)"
             )
         base = self._sysfs / "firmware" / "devicetree" / "base"
-        model = _safe_read(base / "model")
+        # the device tree's model, or where a container masks /sys/firmware, the SoC's copy of it
+        model = _safe_read(base / "model") or _safe_read(self._sysfs / "devices" / "soc0" / "machine")
         serial = _safe_read(base / "serial-number")
         with self._lock:
             self._gpu = gpu
