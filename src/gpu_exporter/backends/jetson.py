@@ -5,8 +5,9 @@ known GPU, or whose name ends in ``.gpu``), which also gives the clock and gover
 mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable: then the SoC's own sysfs
 entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``. The load (0-1000)
 sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
-``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4), memory from
-``/proc/meminfo`` because the GPU shares system RAM. Every path is under ``--path.sysfs`` and
+``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4). The GPU shares
+system RAM: its memory is what the GPU driver has mapped (``jetson_procs``), next to the shared RAM in
+use from ``/proc/meminfo``; its processes are those that hold the GPU's device nodes open. Every path is under ``--path.sysfs`` and
 ``--path.procfs``, so the same code reads a fixture tree in tests.
 
 A file that is missing, unreadable or holds garbage makes that one value absent and counts an error
@@ -22,9 +23,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter.backends import jetson_procs
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
-from gpu_exporter.model import DeviceId, DeviceSample, SeriesKey
+from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["JetsonBackend", "create", "find_gpu"]
 
@@ -43,6 +45,7 @@ GPU_DRIVERS = frozenset({"gk20a", "nvgpu"}) | CHIP_NAMES
 SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b"}
 # load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
 _LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
+_MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "NvMapMemUsed"})
 # Tegra thermal zones read -256 °C when the sensor is powered off
 _NO_READING_MILLI_C = -100_000
 
@@ -190,6 +193,7 @@ class JetsonBackend:
         self._device = DeviceId(gpu="0", uuid="")
         self._info: dict[str, str] = {}
         self._last_up = False
+        self._warned_unreadable = False
 
     def open(self) -> None:
         if not (self._sysfs / "class").is_dir():
@@ -264,10 +268,12 @@ class JetsonBackend:
                 self._read_thermal(values)
             if enabled("power"):
                 self._read_rails(values)
+            clients = jetson_procs.nvmap_clients(self._sysfs) if enabled("memory") or enabled("processes") else None
             if enabled("memory"):
-                self._read_memory(values)
+                self._read_memory(values, clients)
+            processes = self._read_processes(values, clients) if enabled("processes") else ()
             self._last_up = True
-            return [DeviceSample(self._device, True, values, dict(self._info))]
+            return [DeviceSample(self._device, True, values, dict(self._info), processes)]
 
     def _read_load(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
         load = self._int(gpu.load, "load")
@@ -319,23 +325,51 @@ class JetsonBackend:
             elif rail.name in GPU_RAILS:
                 values[("power", ())] = watts
 
-    def _read_memory(self, values: dict[SeriesKey, float]) -> None:
+    def _read_memory(self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None) -> None:
         fields: dict[str, int] = {}
         try:
             with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
                 for line in handle:
                     key, _, rest = line.partition(":")
                     parts = rest.split()
-                    if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+                    if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
                         fields[key] = int(parts[0]) * 1024  # kB
         except OSError as exc:
             log.debug("meminfo: %s", exc)
         if "MemTotal" not in fields or "MemAvailable" not in fields:
             self.errors["meminfo"] += 1
             return
-        values[("memory_total", ())] = float(fields["MemTotal"])
-        values[("memory_used", ())] = float(max(0, fields["MemTotal"] - fields["MemAvailable"]))
-        values[("memory_free", ())] = float(min(fields["MemAvailable"], fields["MemTotal"]))
+        total, available = fields["MemTotal"], fields["MemAvailable"]
+        values[("memory_total", ())] = float(total)
+        values[("memory_free", ())] = float(min(available, total))  # what a new allocation can still get
+        values[("shared_memory_used", ())] = float(max(0, total - available))
+        # the GPU's own use: what its driver has mapped (JetPack 5+), else nvmap's total (root only)
+        mapped = fields.get("NvMapMemUsed")
+        if mapped is None and clients is not None:
+            mapped = clients[1] if clients[1] is not None else sum(clients[0].values())
+        if mapped is not None:
+            values[("memory_used", ())] = float(min(mapped, total))
+
+    def _read_processes(
+        self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None
+    ) -> tuple[ProcessUsage, ...]:
+        found = jetson_procs.scan(self._procfs)
+        if found.unreadable and not self._warned_unreadable:
+            self._warned_unreadable = True
+            log.warning(
+                "cannot read the open files of %d processes under %s (another user's): GPU processes and "
+                "pods of those are not seen; run the agent as root with CAP_SYS_PTRACE for them",
+                found.unreadable,
+                self._procfs,
+            )
+        memory = clients[0] if clients is not None else None
+        processes = tuple(
+            ProcessUsage(pid, None if memory is None else float(memory.get(pid, 0))) for pid in found.pids
+        )
+        values[("processes", ())] = float(len(processes))
+        if memory is not None:
+            values[("processes_memory", ())] = float(sum(memory.get(pid, 0) for pid in found.pids))
+        return processes
 
 
 def create(config: Config) -> JetsonBackend:
