@@ -127,3 +127,20 @@ def test_nvmap_table_parsing(tmp_path: Path) -> None:
         "CLIENT PROCESS PID SIZE\nuser a b c 12 4K\nuser x 12 8K\nbroken line\nuser y zz 9K\ntotal 99K\n\x00\xff\n"
     )
     assert jetson_procs.nvmap_clients(tmp_path) == ({12: 12 * KiB}, 99 * KiB)
+
+
+def test_scanner_reads_new_and_gpu_processes_each_cycle_and_quiet_ones_after_rescan(tmp_path: Path) -> None:
+    proc = tmp_path / "proc"
+    shutil.copytree(FIXTURES / "orin-jp6" / "proc", proc, symlinks=True)
+    now = [0.0]
+    scanner = jetson_procs.ProcessScanner(proc, rescan=30.0, clock=lambda: now[0])
+    assert scanner.scan().pids == (1500, 2101, 2205, 2206)
+    # nginx (2301) opens the GPU late: a quiet process is read again only after the rescan interval
+    (proc / "2301" / "fd" / "9").symlink_to("/dev/nvgpu/igpu0/ctrl")
+    # a new process is read at once; a GPU process that exits leaves at once
+    shutil.copytree(proc / "2101", proc / "2500", symlinks=True)
+    shutil.rmtree(proc / "2205")
+    now[0] = 5.0
+    assert scanner.scan().pids == (1500, 2101, 2206, 2500)
+    now[0] = 31.0
+    assert scanner.scan().pids == (1500, 2101, 2206, 2301, 2500)

@@ -194,6 +194,7 @@ class JetsonBackend:
         self._info: dict[str, str] = {}
         self._last_up = False
         self._warned_unreadable = False
+        self._scanner = jetson_procs.ProcessScanner(self._procfs)
 
     def open(self) -> None:
         if not (self._sysfs / "class").is_dir():
@@ -353,7 +354,7 @@ class JetsonBackend:
     def _read_processes(
         self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None
     ) -> tuple[ProcessUsage, ...]:
-        found = jetson_procs.scan(self._procfs)
+        found = self._scanner.scan()
         if found.unreadable and not self._warned_unreadable:
             self._warned_unreadable = True
             log.warning(

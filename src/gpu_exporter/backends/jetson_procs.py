@@ -18,10 +18,12 @@ from __future__ import annotations
 
 import logging
 import os
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["NVMAP_CLIENTS", "GpuProcesses", "is_gpu_node", "nvmap_clients", "scan"]
+__all__ = ["NVMAP_CLIENTS", "GpuProcesses", "ProcessScanner", "is_gpu_node", "nvmap_clients", "scan"]
 
 log = logging.getLogger(__name__)
 
@@ -45,33 +47,70 @@ class GpuProcesses:
     unreadable: int  # processes whose fd folder could not be read (another user's, without ptrace)
 
 
+def _holds_gpu(procfs: Path | str, pid: str) -> bool | None:
+    """Whether the process holds a GPU device node open; None when its fd folder cannot be read."""
+    try:
+        with os.scandir(os.path.join(procfs, pid, "fd")) as fds:
+            for count, fd in enumerate(fds):
+                if count >= _MAX_FDS:
+                    break
+                try:
+                    target = os.readlink(fd.path)
+                except OSError:
+                    continue  # closed meanwhile
+                if is_gpu_node(target):
+                    return True
+    except PermissionError:
+        return None
+    except OSError:
+        return False  # exited meanwhile
+    return False
+
+
 def scan(procfs: Path) -> GpuProcesses:
     """Every process under ``procfs`` that holds a GPU device node open."""
-    found: list[int] = []
-    unreadable = 0
-    try:
-        entries = [e.name for e in os.scandir(procfs) if e.name.isdigit()]
-    except OSError:
-        return GpuProcesses((), 0)
-    for name in entries:
-        fd_dir = os.path.join(procfs, name, "fd")
+    return ProcessScanner(procfs, rescan=0.0).scan()
+
+
+class ProcessScanner:
+    """``scan()`` each cycle, reading only what may have changed.
+
+    A new PID and every GPU process are read each time (a process that exits, or whose PID is reused,
+    leaves at once); a process seen without the GPU is read again only after ``rescan`` seconds, so a
+    long-running process that opens the GPU late is seen within that time. On a node with thousands of
+    open files this turns one ``readlink`` per file per cycle into about one per file per ``rescan``.
+    """
+
+    def __init__(self, procfs: Path, rescan: float = 30.0, clock: Callable[[], float] = time.monotonic) -> None:
+        self._procfs = procfs
+        self._rescan = rescan
+        self._clock = clock
+        self._quiet: dict[str, float] = {}  # pid -> when it was last seen without the GPU
+
+    def scan(self) -> GpuProcesses:
         try:
-            with os.scandir(fd_dir) as fds:
-                for count, fd in enumerate(fds):
-                    if count >= _MAX_FDS:
-                        break
-                    try:
-                        target = os.readlink(fd.path)
-                    except OSError:
-                        continue  # closed meanwhile
-                    if is_gpu_node(target):
-                        found.append(int(name))
-                        break
-        except PermissionError:
-            unreadable += 1
+            pids = [e.name for e in os.scandir(self._procfs) if e.name.isdigit()]
         except OSError:
-            continue  # exited meanwhile
-    return GpuProcesses(tuple(sorted(found)), unreadable)
+            return GpuProcesses((), 0)
+        now = self._clock()
+        found: list[int] = []
+        unreadable = 0
+        quiet: dict[str, float] = {}
+        for pid in pids:
+            checked = self._quiet.get(pid)
+            if checked is not None and now - checked < self._rescan:
+                quiet[pid] = checked
+                continue
+            holds = _holds_gpu(self._procfs, pid)
+            if holds:
+                found.append(int(pid))
+            elif holds is None:
+                unreadable += 1
+                quiet[pid] = now  # not readable now, not readable in a moment either
+            else:
+                quiet[pid] = now
+        self._quiet = quiet  # exited PIDs drop out
+        return GpuProcesses(tuple(sorted(found)), unreadable)
 
 
 def nvmap_clients(sysfs: Path) -> tuple[dict[int, int], int | None] | None:
