@@ -241,8 +241,14 @@ def serve_and_forward(pod: Pod, broker: Broker, expected: list[str], uuid: str) 
     """The pod serves ``expected`` on /metrics and its batches reach the broker with ``uuid``'s readings."""
     with Collector(broker) as collector:
         page = pod.start(broker)
-        missing = [ln for ln in expected if ln not in page.splitlines()]
-        assert not missing, f"not on the page: {missing}\n{pod.output()}"
+
+        def missing() -> list[str]:
+            nonlocal page
+            page = http_get(f"http://127.0.0.1:{pod.port}/metrics")[1].decode()
+            return [ln for ln in expected if ln not in page.splitlines()]
+
+        wait_for(lambda: not missing(), 10)  # the page follows the samples; a loaded machine lags
+        assert not missing(), f"not on the page: {missing()}\n{page}\n{pod.output()}"
 
         def forwarded() -> bool:
             with collector._lock:
