@@ -11,6 +11,8 @@ import shutil
 from pathlib import Path
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from gpu_exporter.backends import jetson, jetson_procs
 from gpu_exporter.config import Config
@@ -144,3 +146,16 @@ def test_scanner_reads_new_and_gpu_processes_each_cycle_and_quiet_ones_after_res
     assert scanner.scan().pids == (1500, 2101, 2206, 2500)
     now[0] = 31.0
     assert scanner.scan().pids == (1500, 2101, 2206, 2301, 2500)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(content=st.binary(max_size=400))
+def test_nvmap_table_with_any_bytes_gives_sizes_or_nothing(tmp_path: Path, content: bytes) -> None:
+    table = tmp_path / "/".join(jetson_procs.NVMAP_CLIENTS)
+    table.parent.mkdir(parents=True, exist_ok=True)
+    table.write_bytes(content)
+    parsed = jetson_procs.nvmap_clients(tmp_path)
+    assert parsed is not None
+    by_pid, total = parsed
+    assert all(pid >= 0 and size >= 0 for pid, size in by_pid.items())
+    assert total is None or total >= 0
