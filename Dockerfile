@@ -3,19 +3,25 @@
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) -t gpu-exporter:0.1.0 .
 # Every dependency ships wheels for both architectures, so no stage needs a compiler; the final
-# stage has neither a compiler nor pip. NVML (libnvidia-ml.so.1) comes from the host through the
-# NVIDIA container runtime, not from the image.
+# stage has neither a compiler nor pip. The vendor libraries come from the host, not from the image:
+# NVML (libnvidia-ml.so.1) through the NVIDIA container runtime, a Jetson's files through the /sys and
+# /proc mounts, and ROCm's libamd_smi.so through a read-only /opt/rocm mount (deploy/components/amd).
+# The image carries AMD SMI's Python package (pure Python, about 0.3 MB), which must match the host's
+# ROCm: the default pins the 7.0 series (ROCm 7.0.x); for a ROCm 6.x fleet build a variant with e.g.
+#   --build-arg AMDSMI='amdsmi==6.4.*' --build-arg VERSION=0.1.0-rocm6.4
+# and --build-arg AMDSMI= (empty) leaves it out.
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: install the package and its runtime dependencies into a virtual environment ---
 FROM ${PYTHON_IMAGE} AS build
+ARG AMDSMI="amdsmi==7.0.*"
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ONLY_BINARY=:all:
 WORKDIR /src
 COPY pyproject.toml README.md ./
 COPY src ./src
 RUN python -m venv /opt/gpu-exporter \
- && /opt/gpu-exporter/bin/pip install ".[kubernetes]" \
+ && /opt/gpu-exporter/bin/pip install ".[kubernetes]" ${AMDSMI:+"$AMDSMI"} \
  && /opt/gpu-exporter/bin/pip uninstall -y pip setuptools wheel \
  && /opt/gpu-exporter/bin/python -m compileall -q /opt/gpu-exporter/lib
 

@@ -14,7 +14,7 @@ from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "jetson"
-BOARDS = ("nano", "xavier", "orin-jp5", "orin-jp6")
+BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")
 
 
 def config_for(root: Path) -> Config:
@@ -52,6 +52,7 @@ EXPECTED = {
         "gpu_power": 1.234,
         "mem_total_kb": 4059272,
         "mem_avail_kb": 2871436,
+        "gpu_mapped_kb": 36864,
     },
     "xavier": {
         "chip": "gv11b",
@@ -70,6 +71,19 @@ EXPECTED = {
         "gpu_power": 28.8,
         "mem_total_kb": 31918508,
         "mem_avail_kb": 28311624,
+        "gpu_mapped_kb": 1843200,
+    },
+    "xavier-jp4": {
+        "chip": "gv11b",
+        "load": 0.998,
+        "freq": (1377e6, 114.75e6, 1377e6),
+        "temp": 44.0,
+        "rails": {"GPU": 9.12, "CPU": 1.216, "SOC": 2.736, "CV": 0.0, "VDDRQ": 0.912, "SYS5V": 2.48},
+        "board": None,
+        "gpu_power": 9.12,
+        "mem_total_kb": 31918508,
+        "mem_avail_kb": 28311624,
+        "gpu_mapped_kb": 741376,  # nvmap's debugfs total: JetPack 4 has no NvMapMemUsed
     },
     "orin-jp5": {
         "chip": "ga10b",
@@ -81,6 +95,7 @@ EXPECTED = {
         "gpu_power": None,
         "mem_total_kb": 7824300,
         "mem_avail_kb": 5678900,
+        "gpu_mapped_kb": 524288,
     },
     "orin-jp6": {
         "chip": "ga10b",
@@ -92,6 +107,7 @@ EXPECTED = {
         "gpu_power": None,
         "mem_total_kb": 15655960,
         "mem_avail_kb": 12120024,
+        "gpu_mapped_kb": 385024,
     },
 }
 
@@ -115,7 +131,9 @@ def test_board_layout_reads_every_value(board):
     # gpu_power_watts only where a rail feeds the GPU alone; Orin's CPU+GPU+CV rail is not the GPU's
     assert v.get(("power", ())) == pytest.approx(want["gpu_power"])
     assert v[("memory_total", ())] == want["mem_total_kb"] * 1024
-    assert v[("memory_used", ())] == (want["mem_total_kb"] - want["mem_avail_kb"]) * 1024
+    # the GPU's memory is what its driver mapped; the whole system's use of the shared RAM is separate
+    assert v[("memory_used", ())] == want["gpu_mapped_kb"] * 1024
+    assert v[("shared_memory_used", ())] == (want["mem_total_kb"] - want["mem_avail_kb"]) * 1024
     assert v[("memory_free", ())] == want["mem_avail_kb"] * 1024  # what a new allocation can still get
     assert s.info["memory"] == "shared" and s.info["vendor"] == "nvidia"
     assert s.info["name"].endswith(f"({want['chip']})")
@@ -291,6 +309,7 @@ def test_mali_gpu_on_another_arm_board_is_not_taken_for_a_jetson(tmp_path):
 def test_gpu_node_without_compatible_counts_on_an_nvidia_board(tree):
     root = tree("orin-jp6")
     (root / "sys/firmware/devicetree/base/bus@0/gpu@17000000/compatible").unlink()
+    shutil.rmtree(root / "sys/devices/soc0")  # only the device tree can vouch for the node here
     (root / "sys/firmware/devicetree/base/compatible").write_text("nvidia,p3768-0000+p3767-0000\0nvidia,tegra234\0")
     _, s = read_board(root)
     assert s.info["name"].endswith("(gpu)")

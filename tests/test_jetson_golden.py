@@ -20,7 +20,7 @@ from .conftest import promtool_check
 from .fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
 
 FIXTURES = Path(__file__).parent / "fixtures"
-BOARDS = ("nano", "xavier", "orin-jp5", "orin-jp6")
+BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")
 
 
 def check_golden(path: Path, text: str) -> None:

@@ -130,6 +130,13 @@ CATALOG: tuple[Metric, ...] = (
         dcgm="DCGM_FI_DEV_FB_RESERVED",
         scale=MiB,
     ),
+    _m(
+        "shared_memory_used",
+        "gpu_shared_memory_used_bytes",
+        "gauge",
+        "System RAM in use by everything on a GPU that shares it with the CPU (Jetson), in bytes.",
+        "memory",
+    ),
     # temperature
     _m(
         "temp_gpu",

@@ -13,6 +13,7 @@ lacks is logged once and not asked again at all.
 from __future__ import annotations
 
 import contextlib
+import importlib.metadata
 import io
 import logging
 import math
@@ -55,8 +56,13 @@ _PCIE_GEN = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
 _ECC_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
 
 _LIBRARY_NOT_FOUND = (
-    "AMD SMI library not found (libamd_smi.so): check that ROCm's amd-smi-lib is installed and the "
-    "container mounts it (set ROCM_PATH if it is not under /opt/rocm) and runs with /dev/kfd and /dev/dri"
+    "AMD SMI library not found (libamd_smi.so): install ROCm's amd-smi-lib on the host and, in a pod, mount "
+    "the host's /opt/rocm read-only at /opt/rocm with ROCM_PATH=/opt/rocm, plus /dev/kfd and /dev/dri "
+    "(deploy/components/amd does all three)"
+)
+_LIBRARY_TOO_OLD = (
+    "AMD SMI library libamd_smi.so lacks a function the amdsmi package {version} binds: the package must "
+    "match the host's ROCm version (build the image with --build-arg AMDSMI=amdsmi==<ROCm version>)"
 )
 
 
@@ -82,7 +88,17 @@ def _import_amdsmi() -> Any:
     except (KeyError, OSError):
         log.debug("amdsmi import said: %s", captured.getvalue().strip())
         raise BackendError(_LIBRARY_NOT_FOUND) from None
+    except AttributeError as exc:  # ctypes: a symbol the package binds at import is not in the library
+        log.debug("amdsmi import: %s", exc)
+        raise BackendError(_LIBRARY_TOO_OLD.format(version=_package_version())) from None
     return amdsmi
+
+
+def _package_version() -> str:
+    try:
+        return importlib.metadata.version("amdsmi")
+    except importlib.metadata.PackageNotFoundError:
+        return "(version unknown)"
 
 
 def number(value: Any, sentinels: frozenset[int] = _SENTINELS) -> float | None:
@@ -160,7 +176,10 @@ class AmdBackend:
         if code == STATUS_DRIVER_NOT_LOADED:
             return "AMD SMI: the amdgpu kernel driver is not loaded (modprobe amdgpu)"
         if code == STATUS_NO_PERM:
-            return "AMD SMI: permission denied: run with access to /dev/kfd and /dev/dri (video, render groups)"
+            return (
+                "AMD SMI: permission denied: run with access to /dev/kfd and /dev/dri "
+                "(video, render groups; in a pod see deploy/components/amd)"
+            )
         return f"AMD SMI initialisation failed with status {code}: check the amdgpu driver and ROCm install"
 
     def _shutdown(self) -> None:

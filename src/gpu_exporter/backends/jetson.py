@@ -1,10 +1,13 @@
 """NVIDIA Jetson (Nano, TX2, Xavier, Orin) through sysfs and procfs only: no NVML, no tegrastats.
 
 The integrated GPU is found by its devfreq node (``class/devfreq/*`` whose ``device/of_node/name`` is a
-known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor; the load (0-1000)
+known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor. Container runtimes
+mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable: then the SoC's own sysfs
+entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``. The load (0-1000)
 sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
-``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4), memory from
-``/proc/meminfo`` because the GPU shares system RAM. Every path is under ``--path.sysfs`` and
+``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4). The GPU shares
+system RAM: its memory is what the GPU driver has mapped (``jetson_procs``), next to the shared RAM in
+use from ``/proc/meminfo``; its processes are those that hold the GPU's device nodes open. Every path is under ``--path.sysfs`` and
 ``--path.procfs``, so the same code reads a fixture tree in tests.
 
 A file that is missing, unreadable or holds garbage makes that one value absent and counts an error
@@ -20,9 +23,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter.backends import jetson_procs
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
-from gpu_exporter.model import DeviceId, DeviceSample, SeriesKey
+from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["JetsonBackend", "create", "find_gpu"]
 
@@ -35,8 +39,13 @@ CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})
 GPU_NODE_NAMES = CHIP_NAMES | {"gpu"}
 INPUT_RAILS = ("VDD_IN", "VIN", "POM_5V_IN")  # the whole module's input
 GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
+# the GPU driver a Jetson's devfreq device is bound to (nvgpu registers its platform driver as gk20a)
+GPU_DRIVERS = frozenset({"gk20a", "nvgpu"}) | CHIP_NAMES
+# ``devices/soc0/soc_id`` of Tegra SoCs (the chip ID in decimal) -> their GPU
+SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b"}
 # load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
 _LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
+_MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "NvMapMemUsed"})
 # Tegra thermal zones read -256 °C when the sensor is powered off
 _NO_READING_MILLI_C = -100_000
 
@@ -76,18 +85,29 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
         entries = sorted(devfreq.iterdir())
     except OSError:
         return None
+    tegra = _first_word(sysfs / "devices" / "soc0" / "family") == "Tegra"
     for entry in entries:
         of_node = entry / "device" / "of_node"
         node_name = _first_word(of_node / "name")
         suffix = entry.name.rpartition(".")[2]
-        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES:
+        driver = _link_name(entry / "device" / "driver")
+        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES and not (tegra and driver in GPU_DRIVERS):
             continue
         compatible = _first_word(of_node / "compatible")  # "nvidia,ga10b" or "nvidia,tegra210-gm20b"
-        if not _is_nvidia(sysfs, compatible) and node_name not in CHIP_NAMES and suffix not in CHIP_NAMES:
+        named_chip = node_name in CHIP_NAMES or suffix in CHIP_NAMES
+        if not named_chip and not tegra and not _is_nvidia(sysfs, compatible):
             log.debug("devfreq %s is a GPU but not an NVIDIA one (%s)", entry.name, compatible or "?")
             continue
+        if tegra and compatible and not compatible.startswith("nvidia,"):
+            continue  # another vendor's GPU next to a Tegra (not known to exist, but never take it)
         chip = compatible.partition(",")[2].rpartition("-")[2] if "," in compatible else ""
-        chip = chip or (suffix if suffix != "gpu" else node_name) or entry.name
+        if not chip and suffix in CHIP_NAMES:
+            chip = suffix
+        if not chip and node_name in CHIP_NAMES:
+            chip = node_name
+        if not chip and tegra:  # the device tree is masked: the SoC names the GPU
+            chip = SOC_CHIPS.get(_first_word(sysfs / "devices" / "soc0" / "soc_id"), "")
+        chip = chip or node_name or entry.name
         load: Path | None = None
         for candidate in (entry / "device" / "load", *(sysfs / p for p in _LEGACY_LOAD)):
             if candidate.exists():
@@ -95,6 +115,14 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
                 break
         return GpuNode(entry, chip, load)
     return None
+
+
+def _link_name(path: Path) -> str:
+    """The last element of a symlink's target (``device/driver`` -> ``gk20a``), or ""."""
+    try:
+        return os.readlink(path).rstrip("/").rpartition("/")[2]
+    except OSError:
+        return ""
 
 
 def _is_nvidia(sysfs: Path, compatible: str) -> bool:
@@ -165,6 +193,8 @@ class JetsonBackend:
         self._device = DeviceId(gpu="0", uuid="")
         self._info: dict[str, str] = {}
         self._last_up = False
+        self._warned_unreadable = False
+        self._scanner = jetson_procs.ProcessScanner(self._procfs)
 
     def open(self) -> None:
         if not (self._sysfs / "class").is_dir():
@@ -172,10 +202,11 @@ class JetsonBackend:
         gpu = find_gpu(self._sysfs)
         if gpu is None:
             raise NoDevicesError(
-                f"no Jetson GPU under {self._sysfs}/class/devfreq (looked for gv11b, ga10b, gp10b, *.gpu)"
+                f"no Jetson GPU under {self._sysfs}/class/devfreq (looked for gv11b, ga10b, gp10b, and *.gpu on an NVIDIA or Tegra board)"
             )
         base = self._sysfs / "firmware" / "devicetree" / "base"
-        model = _safe_read(base / "model")
+        # the device tree's model, or where a container masks /sys/firmware, the SoC's copy of it
+        model = _safe_read(base / "model") or _safe_read(self._sysfs / "devices" / "soc0" / "machine")
         serial = _safe_read(base / "serial-number")
         with self._lock:
             self._gpu = gpu
@@ -238,10 +269,12 @@ class JetsonBackend:
                 self._read_thermal(values)
             if enabled("power"):
                 self._read_rails(values)
+            clients = jetson_procs.nvmap_clients(self._sysfs) if enabled("memory") or enabled("processes") else None
             if enabled("memory"):
-                self._read_memory(values)
+                self._read_memory(values, clients)
+            processes = self._read_processes(values, clients) if enabled("processes") else ()
             self._last_up = True
-            return [DeviceSample(self._device, True, values, dict(self._info))]
+            return [DeviceSample(self._device, True, values, dict(self._info), processes)]
 
     def _read_load(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
         load = self._int(gpu.load, "load")
@@ -293,23 +326,51 @@ class JetsonBackend:
             elif rail.name in GPU_RAILS:
                 values[("power", ())] = watts
 
-    def _read_memory(self, values: dict[SeriesKey, float]) -> None:
+    def _read_memory(self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None) -> None:
         fields: dict[str, int] = {}
         try:
             with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
                 for line in handle:
                     key, _, rest = line.partition(":")
                     parts = rest.split()
-                    if key in ("MemTotal", "MemAvailable") and parts and parts[0].isdigit():
+                    if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
                         fields[key] = int(parts[0]) * 1024  # kB
         except OSError as exc:
             log.debug("meminfo: %s", exc)
         if "MemTotal" not in fields or "MemAvailable" not in fields:
             self.errors["meminfo"] += 1
             return
-        values[("memory_total", ())] = float(fields["MemTotal"])
-        values[("memory_used", ())] = float(max(0, fields["MemTotal"] - fields["MemAvailable"]))
-        values[("memory_free", ())] = float(min(fields["MemAvailable"], fields["MemTotal"]))
+        total, available = fields["MemTotal"], fields["MemAvailable"]
+        values[("memory_total", ())] = float(total)
+        values[("memory_free", ())] = float(min(available, total))  # what a new allocation can still get
+        values[("shared_memory_used", ())] = float(max(0, total - available))
+        # the GPU's own use: what its driver has mapped (JetPack 5+), else nvmap's total (root only)
+        mapped = fields.get("NvMapMemUsed")
+        if mapped is None and clients is not None:
+            mapped = clients[1] if clients[1] is not None else sum(clients[0].values())
+        if mapped is not None:
+            values[("memory_used", ())] = float(min(mapped, total))
+
+    def _read_processes(
+        self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None
+    ) -> tuple[ProcessUsage, ...]:
+        found = self._scanner.scan()
+        if found.unreadable and not self._warned_unreadable:
+            self._warned_unreadable = True
+            log.warning(
+                "cannot read the open files of %d processes under %s (another user's): GPU processes and "
+                "pods of those are not seen; run the agent as root with CAP_SYS_PTRACE for them",
+                found.unreadable,
+                self._procfs,
+            )
+        memory = clients[0] if clients is not None else None
+        processes = tuple(
+            ProcessUsage(pid, None if memory is None else float(memory.get(pid, 0))) for pid in found.pids
+        )
+        values[("processes", ())] = float(len(processes))
+        if memory is not None:
+            values[("processes_memory", ())] = float(sum(memory.get(pid, 0) for pid in found.pids))
+        return processes
 
 
 def create(config: Config) -> JetsonBackend:
