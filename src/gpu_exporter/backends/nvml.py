@@ -25,6 +25,9 @@ from typing import Any
 
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.backends.health import HealthTracker
+from gpu_exporter.backends.nvml_slow import SlowCalls
+from gpu_exporter.backends.nvml_violation import read_violations
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -119,6 +122,7 @@ class NvmlBackend:
         retry_initial: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         xid_wait_ms: int = 500,
+        slow_call_budget: float | None = 0.005,
     ) -> None:
         self._config = config
         self._nv: Any = nvml
@@ -134,6 +138,10 @@ class NvmlBackend:
         self._cuda = ""
         self._xid_lock = threading.Lock()
         self._xids: Counter[tuple[int, int]] = Counter()
+        self._xid_last: dict[int, int] = {}  # device index -> code of its latest XID
+        self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
+        self._reading = False  # only calls of the reading phase are timed
+        self._health = HealthTracker()
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
         self._opened = False
@@ -187,6 +195,7 @@ class NvmlBackend:
         if self._xid_thread is not None:
             self._xid_thread.join(timeout=2.0)
             self._xid_thread = None
+        self._slow.close()
         if self._opened:
             for device in self._devices:
                 for sample in device.gpm_samples:
@@ -202,12 +211,32 @@ class NvmlBackend:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def _call(self, device: _Device | _Mig, name: str, *args: Any, label: str = "", **kwargs: Any) -> Any:
+    def _call(
+        self, device: _Device | _Mig, name: str, *args: Any, label: str = "", variant: str = "", **kwargs: Any
+    ) -> Any:
         """Call ``nvml.<name>``; None when the value is unavailable. Raises Lost.
 
-        ``label`` names the call in error counts and caches when one function has two variants.
+        ``label`` names the call in error counts and caches when one function has two variants;
+        ``variant`` tells apart uses of one function whose support differs per device. While reading,
+        a call is timed; one slower than the budget is started early in later cycles (nvml_slow.py).
         """
-        return self._calls.call(device.scope, label or name, getattr(self._nv, name), *args, **kwargs)
+        fn = getattr(self._nv, name)
+        named = label or name
+        if not self._reading:
+            return self._calls.call(device.scope, named, fn, *args, variant=variant, **kwargs)
+        key = self._slow.key(device.scope, f"{named}:{variant}", args, kwargs)
+        early = self._slow.take(key)
+        started = time.perf_counter()
+        answered = False
+        try:
+            if early is not None:
+                result = self._calls.call(device.scope, named, lambda *_a, **_k: early.result(), variant=variant)
+            else:
+                result = self._calls.call(device.scope, named, fn, *args, variant=variant, **kwargs)
+            answered = result is not None
+            return result
+        finally:
+            self._slow.observe(key, device.scope, fn, args, kwargs, time.perf_counter() - started, answered)
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -310,12 +339,24 @@ class NvmlBackend:
     def read(self) -> list[DeviceSample]:
         out: list[DeviceSample] = []
         now = self._clock()
-        for device in self._devices:
-            samples = self._backoff.poll(device, now, self._attach, self._read_device)
-            out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
+        up = {d.scope for d in self._devices if d.live.up}
+        self._slow.begin(lambda scope: str(scope).split("/")[0] in up)
+        try:
+            for device in self._devices:
+                samples = self._backoff.poll(device, now, self._attach, self._read_device)
+                out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
+        finally:
+            self._slow.end()
         return out
 
     def _read_device(self, device: _Device) -> list[DeviceSample]:
+        self._reading = True
+        try:
+            return self._read_device_values(device)
+        finally:
+            self._reading = False
+
+    def _read_device_values(self, device: _Device) -> list[DeviceSample]:
         enabled = self._config.collector_enabled
         h = device.handle
         v: dict[SeriesKey, float] = dict(device.static)
@@ -363,6 +404,7 @@ class NvmlBackend:
             if reasons is not None:
                 for bit, reason in CLOCK_EVENT_REASONS:
                     v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
+            read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
             fan = call(device, "nvmlDeviceGetFanSpeed", h)
             if fan is not None:
@@ -394,10 +436,14 @@ class NvmlBackend:
         if enabled("xid"):
             with self._xid_lock:
                 counts = {xid: n for (index, xid), n in self._xids.items() if index == device.index}
+                last = self._xid_last.get(device.index, 0)
             for xid in CRITICAL_XIDS:
                 counts.setdefault(xid, 0)
             for xid, n in counts.items():
                 v[("xid_errors", (str(xid),))] = float(n)
+            v[("xid_last", ())] = float(last)
+        if enabled("health"):
+            v.update(self._health.evaluate(device.index, v, self._clock()))
 
         out = [DeviceSample(device.id, True, v, device.info, processes)]
         for mig in device.migs:
@@ -541,6 +587,7 @@ class NvmlBackend:
                 log.warning("GPU %d: XID %d", index, xid)
                 with self._xid_lock:
                     self._xids[(index, xid)] += 1
+                    self._xid_last[index] = xid
         finally:
             try:
                 nv.nvmlEventSetFree(event_set)

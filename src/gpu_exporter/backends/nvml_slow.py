@@ -1,0 +1,119 @@
+"""Slow NVML calls off the critical path of the collect cycle.
+
+Some calls block inside the driver: ``nvmlDeviceGetPcieThroughput`` samples the link for about 20 ms,
+so a serial cycle of 8 GPUs spends a third of a second on it, and the last GPU's values are read long
+after the sample's timestamp. The backend times every call of the reading phase; a call measured slower
+than the budget is remembered (per device, with its arguments) and, from the next cycle on, started on
+a worker thread as the cycle begins, all devices at once. When the serial pass reaches that call it
+takes the worker's result (or its exception, handled exactly as if the call had been made in line), so
+the values are the same and the cycle lasts about as long as the slowest call, not their sum.
+
+A remembered call that the serial pass did not ask for again (its arguments changed, the device went
+away) is forgotten, and one that answered nothing (unsupported, failed) goes back to the serial path.
+Calls with side effects or arguments that change every cycle are never started early.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Hashable
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+__all__ = ["NEVER_EARLY", "SlowCalls"]
+
+# side effects (GPM samples) or arguments that change every cycle (process samples since a timestamp)
+NEVER_EARLY = frozenset(
+    {
+        "nvmlGpmSampleAlloc",
+        "nvmlGpmSampleFree",
+        "nvmlGpmSampleGet",
+        "nvmlGpmMetricsGet",
+        "nvmlDeviceGetProcessUtilization",
+    }
+)
+_WORKERS_MAX = 64
+
+Key = tuple[Hashable, ...]
+
+
+def _freeze(value: Any) -> Hashable:
+    if isinstance(value, (list, tuple)):
+        return tuple(_freeze(v) for v in value)
+    return value  # type: ignore[no-any-return]
+
+
+class SlowCalls:
+    """Calls measured slower than ``budget`` seconds; ``budget`` None keeps every call serial."""
+
+    def __init__(self, budget: float | None) -> None:
+        self.budget = budget
+        self._slow: dict[Key, tuple[Hashable, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
+        self._pending: dict[Key, Future[Any]] = {}
+        self._pool: ThreadPoolExecutor | None = None
+        self._lock = threading.Lock()
+        self.started_early = 0  # calls run on a worker (read by tests and the bench)
+
+    @property
+    def enabled(self) -> bool:
+        return self.budget is not None
+
+    def key(self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
+        if self.budget is None or name in NEVER_EARLY:
+            return None
+        try:
+            key: Key = (scope, name, _freeze(args), _freeze(tuple(sorted(kwargs.items()))))
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def slow(self) -> list[Key]:
+        return list(self._slow)
+
+    def begin(self, up: Callable[[Hashable], bool]) -> None:
+        """Start every remembered call of the devices that are up; call at the start of a cycle."""
+        if not self._slow:
+            return
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=_WORKERS_MAX, thread_name_prefix="nvml-slow")
+        for key, (scope, fn, args, kwargs) in self._slow.items():
+            if up(scope):
+                self._pending[key] = self._pool.submit(fn, *args, **kwargs)
+                self.started_early += 1
+
+    def take(self, key: Key | None) -> Future[Any] | None:
+        if key is None:
+            return None
+        return self._pending.pop(key, None)
+
+    def observe(
+        self,
+        key: Key | None,
+        scope: Hashable,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+        seconds: float,
+        answered: bool,
+    ) -> None:
+        """Remember a call that took longer than the budget; forget one that answered nothing."""
+        if key is None or self.budget is None:
+            return
+        if not answered:
+            self._slow.pop(key, None)
+        elif seconds > self.budget:
+            self._slow[key] = (scope, fn, args, dict(kwargs))
+
+    def end(self) -> None:
+        """Forget calls started for this cycle that nobody asked for; call at the end of a cycle."""
+        for key in self._pending:
+            self._slow.pop(key, None)
+        self._pending.clear()
+
+    def close(self) -> None:
+        if self._pool is not None:
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool = None
+        self._slow.clear()
+        self._pending.clear()
