@@ -97,12 +97,12 @@ class HealthTracker:
                 state.xid_last_seen[int(code)] = now
         state.xid_counts = counts
         level = OK
-        for code, seen in list(state.xid_last_seen.items()):
+        for xid, seen in list(state.xid_last_seen.items()):
             if now - seen > XID_HOLD_SECONDS:
-                del state.xid_last_seen[code]
-            elif code in FAILURE_XIDS:
+                del state.xid_last_seen[xid]
+            elif xid in FAILURE_XIDS:
                 level = FAILURE
-            elif code in WARNING_XIDS:
+            elif xid in WARNING_XIDS:
                 level = max(level, WARNING)
         return level
 
