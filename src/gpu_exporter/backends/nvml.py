@@ -12,6 +12,7 @@ passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injecte
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import importlib
 import logging
 import re
@@ -141,6 +142,7 @@ class NvmlBackend:
         self._xid_last: dict[int, int] = {}  # device index -> code of its latest XID
         self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
         self._reading = False  # only calls of the reading phase are timed
+        self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
         self._health = HealthTracker()
         self._stop = threading.Event()
         self._xid_thread: threading.Thread | None = None
@@ -237,6 +239,26 @@ class NvmlBackend:
             return result
         finally:
             self._slow.observe(key, device.scope, fn, args, kwargs, time.perf_counter() - started, answered)
+
+    def _scalar(
+        self,
+        device: _Device,
+        v: dict[SeriesKey, float],
+        key: str,
+        scale: float,
+        name: str,
+        *args: Any,
+        variant: str = "",
+    ) -> None:
+        """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
+        the value is filled in at the end of the cycle, so the calls after it are not held up."""
+        skey = self._slow.key(device.scope, f"{name}:{variant}", args, {}) if self._reading else None
+        if self._slow.running(skey):
+            self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
+            return
+        raw = self._call(device, name, *args, variant=variant)
+        if raw is not None:
+            v[(key, ())] = raw * scale
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -341,13 +363,42 @@ class NvmlBackend:
         now = self._clock()
         up = {d.scope for d in self._devices if d.live.up}
         self._slow.begin(lambda scope: str(scope).split("/")[0] in up)
+        firsts: list[tuple[int, _Device, list[tuple[SeriesKey, float, Callable[[], Any]]]]] = []
         try:
             for device in self._devices:
+                self._late = []
                 samples = self._backoff.poll(device, now, self._attach, self._read_device)
+                if samples is not None:
+                    firsts.append((len(out), device, self._late))
                 out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
+            for position, device, late in firsts:  # the calls still running, then the health summary
+                out[position] = self._finish(device, out[position], late)
         finally:
+            self._late = []
             self._slow.end()
         return out
+
+    def _finish(
+        self, device: _Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
+    ) -> DeviceSample:
+        enabled = self._config.collector_enabled
+        if not late and not enabled("health"):
+            return sample
+        values = dict(sample.values.items())
+        self._reading = True
+        try:
+            for key, scale, value in late:
+                raw = value()
+                if raw is not None:
+                    values[key] = raw * scale
+        except Lost as exc:
+            self._backoff.lost(device, str(exc))
+            return DeviceSample(device.id, False, info=device.info)
+        finally:
+            self._reading = False
+        if enabled("health"):
+            values.update(self._health.evaluate(device.index, values, self._clock()))
+        return dataclasses.replace(sample, values=values)
 
     def _read_device(self, device: _Device) -> list[DeviceSample]:
         self._reading = True
@@ -389,14 +440,10 @@ class NvmlBackend:
                 ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),
                 ("energy", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),
             ):
-                raw = call(device, name, h)
-                if raw is not None:
-                    v[(key, ())] = raw * scale
+                self._scalar(device, v, key, scale, name, h)
         if enabled("clocks"):
             for clock, clock_id in _CLOCKS:
-                mhz = call(device, "nvmlDeviceGetClockInfo", h, clock_id)
-                if mhz is not None:
-                    v[(f"clock_{clock}", ())] = mhz * 1e6
+                self._scalar(device, v, f"clock_{clock}", 1e6, "nvmlDeviceGetClockInfo", h, clock_id)
             pstate = call(device, "nvmlDeviceGetPerformanceState", h)
             if pstate is not None and 0 <= pstate <= 15:
                 v[("performance_state", ())] = float(pstate)
@@ -411,17 +458,13 @@ class NvmlBackend:
                 v[("fan_speed", ())] = fan / 100.0
         if enabled("pcie"):
             for key, counter in (("pcie_tx", 0), ("pcie_rx", 1)):  # NVML_PCIE_UTIL_TX/RX_BYTES
-                kib = call(device, "nvmlDeviceGetPcieThroughput", h, counter)
-                if kib is not None:
-                    v[(key, ())] = kib * 1024.0
+                self._scalar(device, v, key, 1024.0, "nvmlDeviceGetPcieThroughput", h, counter)
             for key, name in (
                 ("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
                 ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
                 ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
             ):
-                raw = call(device, name, h)
-                if raw is not None:
-                    v[(key, ())] = float(raw)
+                self._scalar(device, v, key, 1.0, name, h)
         if enabled("ecc"):
             self._ecc(device, h, v)
         if enabled("nvlink") and device.nvlinks:
@@ -442,8 +485,6 @@ class NvmlBackend:
             for xid, n in counts.items():
                 v[("xid_errors", (str(xid),))] = float(n)
             v[("xid_last", ())] = float(last)
-        if enabled("health"):
-            v.update(self._health.evaluate(device.index, v, self._clock()))
 
         out = [DeviceSample(device.id, True, v, device.info, processes)]
         for mig in device.migs:

@@ -8,6 +8,10 @@ a worker thread as the cycle begins, all devices at once. When the serial pass r
 takes the worker's result (or its exception, handled exactly as if the call had been made in line), so
 the values are the same and the cycle lasts about as long as the slowest call, not their sum.
 
+A simple value (one number, scaled) whose early call is still running when the serial pass reaches it
+is filled in at the end of the cycle instead, so the reads after it are not held up: every value of a
+sample is read, or its call started, within a few milliseconds of the sample's timestamp.
+
 A remembered call that the serial pass did not ask for again (its arguments changed, the device went
 away) is forgotten, and one that answered nothing (unsupported, failed) goes back to the serial path.
 Calls with side effects or arguments that change every cycle are never started early.
@@ -81,6 +85,11 @@ class SlowCalls:
             if up(scope):
                 self._pending[key] = self._pool.submit(fn, *args, **kwargs)
                 self.started_early += 1
+
+    def running(self, key: Key | None) -> bool:
+        """Whether the call was started early and has not answered yet."""
+        future = self._pending.get(key) if key is not None else None
+        return future is not None and not future.done()
 
     def take(self, key: Key | None) -> Future[Any] | None:
         if key is None:
