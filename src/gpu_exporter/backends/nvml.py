@@ -11,24 +11,21 @@ passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injecte
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
-import importlib
 import logging
 import re
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
+from gpu_exporter.backends.nvml_library import import_pynvml, init_message
 from gpu_exporter.backends.nvml_slow import SlowCalls
 from gpu_exporter.backends.nvml_violation import read_violations
+from gpu_exporter.backends.nvml_xid import XidEvents
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -75,14 +72,6 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _handle_key(handle: Any) -> Any:
-    """A hashable identity for a device handle (ctypes pointers compare by object, not address)."""
-    try:
-        return ctypes.addressof(handle.contents)
-    except (AttributeError, TypeError, ValueError):
-        return handle
-
-
 @dataclass
 class _Mig:
     handle: Any
@@ -127,7 +116,7 @@ class NvmlBackend:
     ) -> None:
         self._config = config
         self._nv: Any = nvml
-        self._xid_wait_ms = xid_wait_ms  # how long one event wait blocks; bounds the time close() takes
+        self._xid_wait_ms = xid_wait_ms  # how long one XID event wait blocks; bounds the time close() takes
         self._calls = CallGuard(
             log, self._classify, "%s is not in this NVIDIA driver; its metrics are skipped", missing_level=logging.INFO
         )
@@ -137,27 +126,23 @@ class NvmlBackend:
         self._devices: list[_Device] = []
         self._driver = ""
         self._cuda = ""
-        self._xid_lock = threading.Lock()
-        self._xids: Counter[tuple[int, int]] = Counter()
-        self._xid_last: dict[int, int] = {}  # device index -> code of its latest XID
+        self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
         self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
         self._reading = False  # only calls of the reading phase are timed
         self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
         self._health = HealthTracker()
-        self._stop = threading.Event()
-        self._xid_thread: threading.Thread | None = None
         self._opened = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def open(self) -> None:
         if self._nv is None:
-            self._nv = _import_pynvml()
+            self._nv = import_pynvml()
         nv = self._nv
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise BackendError(_init_message(nv, exc)) from None
+            raise BackendError(init_message(nv, exc)) from None
         self._opened = True
         try:
             count = int(nv.nvmlDeviceGetCount())
@@ -189,14 +174,11 @@ class NvmlBackend:
             self._cuda or "unknown",
         )
         if self._config.collector_enabled("xid"):
-            self._xid_thread = threading.Thread(target=self._xid_loop, name="nvml-xid", daemon=True)
-            self._xid_thread.start()
+            self._xid = XidEvents(nv, self.errors, self._xid_wait_ms)
+            self._xid.start((d.index, d.handle) for d in self._devices if d.handle is not None)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._xid_thread is not None:
-            self._xid_thread.join(timeout=2.0)
-            self._xid_thread = None
+        self._xid.stop()
         self._slow.close()
         if self._opened:
             for device in self._devices:
@@ -477,9 +459,7 @@ class NvmlBackend:
         if enabled("gpm") and device.gpm:
             self._gpm(device, v)
         if enabled("xid"):
-            with self._xid_lock:
-                counts = {xid: n for (index, xid), n in self._xids.items() if index == device.index}
-                last = self._xid_last.get(device.index, 0)
+            counts, last = self._xid.read(device.index)
             for xid in CRITICAL_XIDS:
                 counts.setdefault(xid, 0)
             for xid, n in counts.items():
@@ -592,82 +572,12 @@ class NvmlBackend:
         device.gpm_samples = [previous, current]
         device.gpm_primed = True
 
-    # -- xid -------------------------------------------------------------------------------------
-
-    def _xid_loop(self) -> None:
-        nv = self._nv
-        try:
-            event_set = nv.nvmlEventSetCreate()
-        except nv.NVMLError as exc:
-            log.info("XID events unavailable: %s", exc)
-            return
-        by_handle: dict[Any, int] = {}
-        for device in self._devices:
-            if device.handle is None:
-                continue
-            try:
-                nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, event_set)
-                by_handle[_handle_key(device.handle)] = device.index
-            except nv.NVMLError as exc:
-                log.info("GPU %d: XID events unavailable: %s", device.index, exc)
-        try:
-            while not self._stop.is_set() and by_handle:
-                try:
-                    data = nv.nvmlEventSetWait_v2(event_set, self._xid_wait_ms)
-                except nv.NVMLError_Timeout:
-                    continue
-                except nv.NVMLError as exc:
-                    self.errors["nvmlEventSetWait_v2"] += 1
-                    log.debug("XID wait failed: %s", exc)
-                    self._stop.wait(1.0)
-                    continue
-                index = by_handle.get(_handle_key(data.device))
-                if index is None:
-                    continue
-                xid = int(data.eventData)
-                log.warning("GPU %d: XID %d", index, xid)
-                with self._xid_lock:
-                    self._xids[(index, xid)] += 1
-                    self._xid_last[index] = xid
-        finally:
-            try:
-                nv.nvmlEventSetFree(event_set)
-            except nv.NVMLError:
-                pass
-
 
 def _field_value(item: Any) -> float | None:
     kind = int(item.valueType)
     value = item.value
     attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind)
     return float(getattr(value, attr)) if attr else None
-
-
-def _import_pynvml() -> ModuleType:
-    try:
-        module = importlib.import_module("pynvml")
-    except ImportError:
-        raise BackendError("the nvidia-ml-py package is not installed (pip install nvidia-ml-py)") from None
-    return module
-
-
-def _init_message(nv: Any, exc: Exception) -> str:
-    if isinstance(exc, nv.NVMLError_LibraryNotFound):
-        return (
-            "NVIDIA library libnvidia-ml.so.1 not found: check that the NVIDIA driver is installed and, "
-            "in a container, that it runs with the NVIDIA runtime (runtimeClassName: nvidia, "
-            "NVIDIA_VISIBLE_DEVICES=all)"
-        )
-    if isinstance(exc, nv.NVMLError_DriverNotLoaded):
-        return "NVIDIA driver is not loaded: check `lsmod | grep nvidia` and the driver installation"
-    if isinstance(exc, nv.NVMLError_LibRmVersionMismatch):
-        return (
-            "NVIDIA driver/library version mismatch: the kernel module and libnvidia-ml.so differ "
-            "(usually after a driver upgrade without reboot); reload the driver or reboot"
-        )
-    if isinstance(exc, nv.NVMLError_NoPermission):
-        return "no permission to open the NVIDIA devices: check access to /dev/nvidia*"
-    return f"NVML initialisation failed: {exc}"
 
 
 def create(config: Config) -> NvmlBackend:
