@@ -71,3 +71,21 @@ def test_dcgm_page_of_simulated_gpus_shows_the_last_xid_and_the_xid_counts() -> 
     }
     assert counts[("1", "79")] == 1 and counts[("1", "48")] == 1 and counts[("0", "79")] == 0
     assert all("UUID" in s.labels for s in families["gpu_xid_errors"].samples)  # DCGM's labels
+
+
+def test_gpu_up_and_gpu_info_are_served_in_dcgm_mode_with_dcgm_labels() -> None:
+    down = DeviceId("1", "GPU-bbbb")
+    sample = Sample(
+        1,
+        1000.0,
+        (
+            DeviceSample(GPU, True, {("utilization", ()): 0.5}, dict(INFO, serial="1320")),
+            DeviceSample(down, False, info=dict(INFO, device="nvidia1")),
+        ),
+    )
+    families = {f.name: f for f in text_string_to_metric_families(render(sample, dcgm_view("edge-1")))}
+    up = {s.labels["gpu"]: s.value for s in families["gpu_up"].samples}
+    assert up == {"0": 1.0, "1": 0.0}  # an alert on gpu_up == 0 works in both modes
+    assert all(s.labels["UUID"] and s.labels["Hostname"] == "edge-1" for s in families["gpu_up"].samples)
+    info = next(s for s in families["gpu_info"].samples if s.labels["gpu"] == "0")
+    assert info.labels["serial"] == "1320" and info.labels["modelName"] == "NVIDIA H100"

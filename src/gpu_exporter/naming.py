@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 from gpu_exporter import catalog
 from gpu_exporter.catalog import name_filter
-from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape
+from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape, native_view
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId
 
@@ -181,4 +181,14 @@ def dcgm_view(
         pairs = dcgm_labels(device, info, hostname, pod, with_pod=pods is not None)
         return ",".join(f'{k}="{escape(v)}"' for k, v in pairs)
 
-    return View(families, None, None, device_labels, device_labels)
+    def info_labels(device: DeviceId, info: dict[str, str]) -> str:
+        extra = "".join(f',{k}="{escape(v)}"' for k, v in sorted(info.items()) if k not in _IN_DCGM_LABELS)
+        return device_labels(device, info) + extra
+
+    native = native_view()  # gpu_up and gpu_info: no DCGM field, served under our names
+    up = native.up if native.up is not None and keep(native.up.name) else None
+    info = native.info if native.info is not None and keep(native.info.name) else None
+    return View(families, up, info, device_labels, info_labels)
+
+
+_IN_DCGM_LABELS = frozenset({"name", "pci_bus_id", "device", "driver_version"})  # already among dcgm_labels
