@@ -122,3 +122,14 @@ def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
         if sim.gate is not None:
             sim.gate.set()
         backend.close()
+
+
+def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
+    from gpu_exporter.backends import fake
+    from gpu_exporter.config import OPTIONS
+
+    option = next(o for o in OPTIONS if o.name == "fake.pcie-call-duration")
+    seconds = option.parse("20ms")
+    backend = fake.create(Config(gpu_vendor="fake", **{option.field: seconds}))
+    assert backend._nv.call_cost == {PCIE: 0.02}
+    assert fake.create(Config(gpu_vendor="fake"))._nv.call_cost == {}

@@ -420,7 +420,8 @@ class SimNvml(ThrottleSim):
 
 
 def create(config: Config) -> NvmlBackend:
-    sim = SimNvml(gpus=config.fake_gpus, mig=config.fake_mig, seed=config.fake_seed)
+    cost = {"nvmlDeviceGetPcieThroughput": config.fake_pcie_call_seconds} if config.fake_pcie_call_seconds else None
+    sim = SimNvml(gpus=config.fake_gpus, mig=config.fake_mig, seed=config.fake_seed, call_cost=cost)
     backend = NvmlBackend(config, nvml=sim)
     backend.name = "fake"  # the NVML backend code, on simulated GPUs: say so in logs and self-metrics
     return backend
