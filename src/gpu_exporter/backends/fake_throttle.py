@@ -6,7 +6,7 @@ that advance at ``share`` seconds per simulated second, exactly, on the simulato
 
 Per-call cost: ``call_cost={"nvmlDeviceGetPcieThroughput": 0.02}`` makes each such call block for
 that long, as the real driver does while it samples the link; the bench and the tests of the slow-call
-path use it. ``call_threads`` records which threads made each call.
+path use it. ``call_threads`` records which threads made each such call.
 """
 
 from __future__ import annotations
@@ -39,11 +39,10 @@ class ThrottleSim:
         self._throttle_base: dict[tuple[int, int], tuple[float, float]] = {}  # (gpu, policy) -> (t, ns)
 
     def _pay(self, call: str) -> None:
-        """Block for the call's simulated cost and note the calling thread."""
-        with self._lock:
-            self.call_threads.setdefault(call, set()).add(threading.current_thread().name)
+        """Block for the call's simulated cost, noting the calling thread (calls with a cost only)."""
         cost = self.call_cost.get(call)
         if cost:
+            self.call_threads.setdefault(call, set()).add(threading.current_thread().name)
             time.sleep(cost)
 
     def set_throttle(self, policy: int, share: float) -> None:

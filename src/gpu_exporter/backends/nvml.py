@@ -206,21 +206,24 @@ class NvmlBackend:
         """
         fn = getattr(self._nv, name)
         named = label or name
-        if not self._reading:
-            return self._calls.call(device.scope, named, fn, *args, variant=variant, **kwargs)
-        key = self._slow.key(device.scope, f"{named}:{variant}", args, kwargs)
-        early = self._slow.take(key)
+        scope = device.scope
+        slow = self._slow
+        if not self._reading or slow.budget is None:
+            return self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
+        early = slow.take(scope, f"{named}:{variant}", args, kwargs) if slow.pending else None
         started = time.perf_counter()
         answered = False
         try:
             if early is not None:
-                result = self._calls.call(device.scope, named, lambda *_a, **_k: early.result(), variant=variant)
+                result = self._calls.call(scope, named, lambda *_a, **_k: early.result(), variant=variant)
             else:
-                result = self._calls.call(device.scope, named, fn, *args, variant=variant, **kwargs)
+                result = self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
             answered = result is not None
             return result
         finally:
-            self._slow.observe(key, device.scope, fn, args, kwargs, time.perf_counter() - started, answered)
+            seconds = time.perf_counter() - started
+            if seconds > slow.budget or (not answered and slow.remembered):
+                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, seconds, answered)
 
     def _scalar(
         self,
@@ -234,8 +237,7 @@ class NvmlBackend:
     ) -> None:
         """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
         the value is filled in at the end of the cycle, so the calls after it are not held up."""
-        skey = self._slow.key(device.scope, f"{name}:{variant}", args, {}) if self._reading else None
-        if self._slow.running(skey):
+        if self._reading and self._slow.pending and self._slow.running(device.scope, f"{name}:{variant}", args):
             self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
             return
         raw = self._call(device, name, *args, variant=variant)
@@ -363,8 +365,7 @@ class NvmlBackend:
     def _finish(
         self, device: _Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
     ) -> DeviceSample:
-        enabled = self._config.collector_enabled
-        if not late and not enabled("health"):
+        if not late:  # complete already, health included
             return sample
         values = dict(sample.values.items())
         self._reading = True
@@ -378,7 +379,7 @@ class NvmlBackend:
             return DeviceSample(device.id, False, info=device.info)
         finally:
             self._reading = False
-        if enabled("health"):
+        if self._config.collector_enabled("health"):
             values.update(self._health.evaluate(device.index, values, self._clock()))
         return dataclasses.replace(sample, values=values)
 
@@ -465,6 +466,8 @@ class NvmlBackend:
             for xid, n in counts.items():
                 v[("xid_errors", (str(xid),))] = float(n)
             v[("xid_last", ())] = float(last)
+        if enabled("health") and not self._late:  # else once the late values are in (_finish)
+            v.update(self._health.evaluate(device.index, v, self._clock()))
 
         out = [DeviceSample(device.id, True, v, device.info, processes)]
         for mig in device.migs:

@@ -19,7 +19,6 @@ Calls with side effects or arguments that change every cycle are never started e
 
 from __future__ import annotations
 
-import threading
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -48,22 +47,38 @@ def _freeze(value: Any) -> Hashable:
 
 
 class SlowCalls:
-    """Calls measured slower than ``budget`` seconds; ``budget`` None keeps every call serial."""
+    """Calls measured slower than ``budget`` seconds; ``budget`` None keeps every call serial.
+
+    A call is named by (scope, name) and told apart by its arguments; the arguments are frozen into a
+    key only for names that have something remembered or started, so timing every call costs little.
+    """
 
     def __init__(self, budget: float | None) -> None:
         self.budget = budget
         self._slow: dict[Key, tuple[Hashable, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
+        self._slow_names: set[tuple[Hashable, str]] = set()  # prefilter: may hold names since forgotten
         self._pending: dict[Key, Future[Any]] = {}
+        self._pending_names: set[tuple[Hashable, str]] = set()
         self._pool: ThreadPoolExecutor | None = None
-        self._lock = threading.Lock()
         self.started_early = 0  # calls run on a worker (read by tests and the bench)
 
     @property
     def enabled(self) -> bool:
         return self.budget is not None
 
-    def key(self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
-        if self.budget is None or name in NEVER_EARLY:
+    @property
+    def pending(self) -> bool:
+        """Whether calls were started early in this cycle."""
+        return bool(self._pending)
+
+    @property
+    def remembered(self) -> bool:
+        """Whether any call is remembered as slow."""
+        return bool(self._slow)
+
+    @staticmethod
+    def _key(scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
+        if name.partition(":")[0] in NEVER_EARLY:
             return None
         try:
             key: Key = (scope, name, _freeze(args), _freeze(tuple(sorted(kwargs.items()))))
@@ -84,22 +99,26 @@ class SlowCalls:
         for key, (scope, fn, args, kwargs) in self._slow.items():
             if up(scope):
                 self._pending[key] = self._pool.submit(fn, *args, **kwargs)
+                self._pending_names.add((scope, str(key[1])))
                 self.started_early += 1
 
-    def running(self, key: Key | None) -> bool:
+    def running(self, scope: Hashable, name: str, args: tuple[Any, ...]) -> bool:
         """Whether the call was started early and has not answered yet."""
-        future = self._pending.get(key) if key is not None else None
+        if (scope, name) not in self._pending_names:
+            return False
+        future = self._pending.get(self._key(scope, name, args, {}) or ())
         return future is not None and not future.done()
 
-    def take(self, key: Key | None) -> Future[Any] | None:
-        if key is None:
+    def take(self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any] | None:
+        """The early call's future, if this call was started early in this cycle."""
+        if (scope, name) not in self._pending_names:
             return None
-        return self._pending.pop(key, None)
+        return self._pending.pop(self._key(scope, name, args, kwargs) or (), None)
 
     def observe(
         self,
-        key: Key | None,
         scope: Hashable,
+        name: str,
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
@@ -107,18 +126,23 @@ class SlowCalls:
         answered: bool,
     ) -> None:
         """Remember a call that took longer than the budget; forget one that answered nothing."""
-        if key is None or self.budget is None:
+        if self.budget is None:
             return
         if not answered:
-            self._slow.pop(key, None)
+            if (scope, name) in self._slow_names:
+                self._slow.pop(self._key(scope, name, args, kwargs) or (), None)
         elif seconds > self.budget:
-            self._slow[key] = (scope, fn, args, dict(kwargs))
+            key = self._key(scope, name, args, kwargs)
+            if key is not None:
+                self._slow[key] = (scope, fn, args, dict(kwargs))
+                self._slow_names.add((scope, name))
 
     def end(self) -> None:
         """Forget calls started for this cycle that nobody asked for; call at the end of a cycle."""
         for key in self._pending:
             self._slow.pop(key, None)
         self._pending.clear()
+        self._pending_names.clear()
 
     def close(self) -> None:
         if self._pool is not None:
