@@ -133,3 +133,18 @@ def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
     backend = fake.create(Config(gpu_vendor="fake", **{option.field: seconds}))
     assert backend._nv.call_cost == {PCIE: 0.02}
     assert fake.create(Config(gpu_vendor="fake"))._nv.call_cost == {}
+
+
+def test_a_call_slow_only_once_goes_back_in_line() -> None:
+    """A pause of the process can make any call slow once; its early run shows it is fast."""
+    sim, backend = make()
+    try:
+        backend.read()  # PCIe calls measured slow
+        sim.call_cost.clear()  # from now on they answer at once
+        backend.read()  # started early, ran fast on the workers: forgotten
+        sim.call_threads.clear()
+        sim.call_cost[PCIE] = 0.0001  # a cost again, only so that the simulator notes the threads
+        backend.read()
+        assert sim.call_threads[PCIE] == {MAIN}
+    finally:
+        backend.close()

@@ -13,12 +13,14 @@ is filled in at the end of the cycle instead, so the reads after it are not held
 sample is read, or its call started, within a few milliseconds of the sample's timestamp.
 
 A remembered call that the serial pass did not ask for again (its arguments changed, the device went
-away) is forgotten, and one that answered nothing (unsupported, failed) goes back to the serial path.
+away) is forgotten; one that answered nothing (unsupported, failed) or that ran within the budget on its
+worker (it was slow once, by accident: a pause of the process) goes back to the serial path.
 Calls with side effects or arguments that change every cycle are never started early.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
@@ -46,6 +48,14 @@ def _freeze(value: Any) -> Hashable:
     return value  # type: ignore[no-any-return]
 
 
+def _timed(took: list[float], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    started = time.perf_counter()
+    try:
+        return fn(*args, **kwargs)
+    finally:
+        took.append(time.perf_counter() - started)
+
+
 class SlowCalls:
     """Calls measured slower than ``budget`` seconds; ``budget`` None keeps every call serial.
 
@@ -58,6 +68,7 @@ class SlowCalls:
         self._slow: dict[Key, tuple[Hashable, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
         self._slow_names: set[tuple[Hashable, str]] = set()  # prefilter: may hold names since forgotten
         self._pending: dict[Key, Future[Any]] = {}
+        self._ran: dict[Key, list[float]] = {}  # seconds each early call of this cycle took on its worker
         self._pending_names: set[tuple[Hashable, str]] = set()
         self._pool: ThreadPoolExecutor | None = None
         self.started_early = 0  # calls run on a worker (read by tests and the bench)
@@ -98,7 +109,9 @@ class SlowCalls:
             self._pool = ThreadPoolExecutor(max_workers=_WORKERS_MAX, thread_name_prefix="nvml-slow")
         for key, (scope, fn, args, kwargs) in self._slow.items():
             if up(scope):
-                self._pending[key] = self._pool.submit(fn, *args, **kwargs)
+                took: list[float] = []
+                self._ran[key] = took
+                self._pending[key] = self._pool.submit(_timed, took, fn, args, kwargs)
                 self._pending_names.add((scope, str(key[1])))
                 self.started_early += 1
 
@@ -138,11 +151,15 @@ class SlowCalls:
                 self._slow_names.add((scope, name))
 
     def end(self) -> None:
-        """Forget calls started for this cycle that nobody asked for; call at the end of a cycle."""
-        for key in self._pending:
-            self._slow.pop(key, None)
+        """Forget calls started for this cycle that nobody asked for, or that took no longer than the
+        budget on their worker (a one-off hiccup of a fast call); call at the end of a cycle."""
+        budget = self.budget if self.budget is not None else 0.0
+        for key, took in self._ran.items():
+            if key in self._pending or (took and took[0] <= budget):
+                self._slow.pop(key, None)
         self._pending.clear()
         self._pending_names.clear()
+        self._ran.clear()
 
     def close(self) -> None:
         if self._pool is not None:
@@ -150,3 +167,4 @@ class SlowCalls:
             self._pool = None
         self._slow.clear()
         self._pending.clear()
+        self._ran.clear()
