@@ -5,7 +5,7 @@ calls per GPU. The simulator is given that cost (``SimNvml(call_cost=...)``) and
 NVML backend, at 8 and 16 GPUs, with ``slow_call_budget=None`` (every call in line: the cycle before
 this change) and with the default budget (calls measured slower start on workers as the cycle begins).
 
-Prints, per case, medians over --runs cycles (after two warm-up cycles, the first of which measures):
+Prints, per case, medians over --runs cycles (after three warm-up cycles; the first two measure):
   cycle   seconds one backend.read() takes;
   latest  how long after the cycle began the last library call started (how stale the newest-read
           value is against the sample's timestamp).
@@ -54,12 +54,12 @@ def measure(gpus: int, budget: float | None, cost: float, runs: int) -> tuple[fl
     cycles: list[float] = []
     latest: list[float] = []
     try:
-        for run in range(runs + 2):
+        for run in range(runs + 3):
             sim.starts.clear()
             began = time.perf_counter()
             backend.read()
             ended = time.perf_counter()
-            if run >= 2:
+            if run >= 3:
                 cycles.append(ended - began)
                 latest.append(max(sim.starts) - began)
     finally:

@@ -1,4 +1,4 @@
-"""Slow NVML calls leave the serial path: measured once, then started on workers as each cycle begins.
+"""Slow NVML calls leave the serial path: measured slow twice, then started on workers as cycles begin.
 
 Mechanism only (no timed assertions): which thread made each simulated call, and that the values and
 the error handling are those of the serial path. bench/bench_cycle.py measures the cycle times.
@@ -29,6 +29,12 @@ def make(budget: float | None = BUDGET, gpus: int = 2) -> tuple[SimNvml, NvmlBac
     return sim, backend
 
 
+def measure(backend: NvmlBackend) -> list[DeviceSample]:
+    """Two cycles in line: a call is started early once it was slow in two cycles running."""
+    backend.read()
+    return backend.read()
+
+
 def pcie(samples: list[DeviceSample]) -> list[tuple[float | None, float | None]]:
     return [(s.values.get(("pcie_tx", ())), s.values.get(("pcie_rx", ()))) for s in samples]
 
@@ -39,7 +45,7 @@ def test_calls_slower_than_the_budget_run_on_workers_with_the_same_values() -> N
     try:
         serial.read()  # primes GPM, as the first read below does
         expected = serial.read()
-        first = backend.read()  # measures: every call still in line
+        first = measure(backend)  # every call still in line
         assert sim.call_threads[PCIE] == {MAIN}
         sim.call_threads.clear()
         second = backend.read()
@@ -57,7 +63,7 @@ def test_calls_slower_than_the_budget_run_on_workers_with_the_same_values() -> N
 def test_a_gpu_lost_during_an_early_call_is_down_and_the_others_are_read() -> None:
     sim, backend = make()
     try:
-        backend.read()
+        measure(backend)
         sim.fail(1, PCIE, pynvml.NVMLError_GpuIsLost)
         samples = backend.read()
         assert [s.up for s in samples] == [True, False]
@@ -70,7 +76,7 @@ def test_a_gpu_lost_during_an_early_call_is_down_and_the_others_are_read() -> No
 def test_an_early_call_that_stops_answering_goes_back_in_line_and_its_value_is_absent() -> None:
     sim, backend = make()
     try:
-        backend.read()
+        measure(backend)
         sim.fail(0, PCIE, pynvml.NVMLError_NotSupported)
         samples = backend.read()
         assert pcie(samples)[0] == (None, None)
@@ -102,7 +108,7 @@ def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
     backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=BUDGET)
     backend.open()
     try:
-        expected = pcie(backend.read())  # measures the slow calls
+        expected = pcie(measure(backend))
         sim.gate = threading.Event()
         sim.calls.clear()
         result: list[list[DeviceSample]] = []
@@ -139,9 +145,23 @@ def test_a_call_slow_only_once_goes_back_in_line() -> None:
     """A pause of the process can make any call slow once; its early run shows it is fast."""
     sim, backend = make()
     try:
-        backend.read()  # PCIe calls measured slow
+        measure(backend)  # PCIe calls measured slow
         sim.call_cost.clear()  # from now on they answer at once
         backend.read()  # started early, ran fast on the workers: forgotten
+        sim.call_threads.clear()
+        sim.call_cost[PCIE] = 0.0001  # a cost again, only so that the simulator notes the threads
+        backend.read()
+        assert sim.call_threads[PCIE] == {MAIN}
+    finally:
+        backend.close()
+
+
+def test_a_call_slow_in_one_cycle_only_stays_in_line() -> None:
+    sim, backend = make()
+    try:
+        backend.read()  # slow in this cycle ...
+        sim.call_cost.clear()  # ... but not in the next
+        backend.read()
         sim.call_threads.clear()
         sim.call_cost[PCIE] = 0.0001  # a cost again, only so that the simulator notes the threads
         backend.read()
