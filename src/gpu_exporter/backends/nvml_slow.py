@@ -3,8 +3,8 @@
 Some calls block inside the driver: ``nvmlDeviceGetPcieThroughput`` samples the link for about 20 ms,
 so a serial cycle of 8 GPUs spends a third of a second on it, and the last GPU's values are read long
 after the sample's timestamp. The backend times every call of the reading phase; a call measured slower
-than the budget is remembered (per device, with its arguments) and, from the next cycle on, started on
-a worker thread as the cycle begins, all devices at once. When the serial pass reaches that call it
+than the budget in two cycles running is remembered (per device, with its arguments) and, from the
+next cycle on, started on a worker thread as the cycle begins, all devices at once. When the serial pass reaches that call it
 takes the worker's result (or its exception, handled exactly as if the call had been made in line), so
 the values are the same and the cycle lasts about as long as the slowest call, not their sum.
 
@@ -69,6 +69,8 @@ class SlowCalls:
         self._slow_names: set[tuple[Hashable, str]] = set()  # prefilter: may hold names since forgotten
         self._pending: dict[Key, Future[Any]] = {}
         self._ran: dict[Key, list[float]] = {}  # seconds each early call of this cycle took on its worker
+        self._suspects: set[Key] = set()  # measured slow in line in the previous cycle
+        self._suspects_now: set[Key] = set()  # ... and in this one
         self._pending_names: set[tuple[Hashable, str]] = set()
         self._pool: ThreadPoolExecutor | None = None
         self.started_early = 0  # calls run on a worker (read by tests and the bench)
@@ -146,9 +148,13 @@ class SlowCalls:
                 self._slow.pop(self._key(scope, name, args, kwargs) or (), None)
         elif seconds > self.budget:
             key = self._key(scope, name, args, kwargs)
-            if key is not None:
+            if key is None:
+                return
+            if key in self._suspects or key in self._slow:  # slow two cycles running: not a passing pause
                 self._slow[key] = (scope, fn, args, dict(kwargs))
                 self._slow_names.add((scope, name))
+            else:
+                self._suspects_now.add(key)
 
     def end(self) -> None:
         """Forget calls started for this cycle that nobody asked for, or that took no longer than the
@@ -160,6 +166,7 @@ class SlowCalls:
         self._pending.clear()
         self._pending_names.clear()
         self._ran.clear()
+        self._suspects, self._suspects_now = self._suspects_now, set()
 
     def close(self) -> None:
         if self._pool is not None:
