@@ -169,8 +169,9 @@ class SlowCalls:
         self._suspects, self._suspects_now = self._suspects_now, set()
 
     def close(self) -> None:
+        """Stop the workers, waiting for a call still running (the library is shut down next)."""
         if self._pool is not None:
-            self._pool.shutdown(wait=False, cancel_futures=True)
+            self._pool.shutdown(wait=True, cancel_futures=True)
             self._pool = None
         self._slow.clear()
         self._pending.clear()
