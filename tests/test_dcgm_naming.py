@@ -26,7 +26,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXPECTED = Path(__file__).parent / "fixtures" / "dcgm" / "default-counters.expected.csv"
 
 # From our base units (hertz, bytes, joules, ratios 0-1, ...) to the unit DCGM states.
-FACTOR = {"MHz": 1e-6, "MiB": 1 / 2**20, "mJ": 1e3, "%": 100.0, "KB": 1 / 1024}
+FACTOR = {"MHz": 1e-6, "MiB": 1 / 2**20, "mJ": 1e3, "%": 100.0, "KB": 1 / 1024, "us": 1e6}
 BASE = float(2**21)  # every reading in the test sample; 2 MiB, 2.097152 MHz, ...
 
 GPU0 = DeviceId("0", "GPU-aaaa")
@@ -82,7 +82,7 @@ def test_default_counters_served_with_dcgm_names_types_and_units() -> None:
         gpu0 = [s for s in family.samples if s.labels["gpu"] == "0" and "GPU_I_ID" not in s.labels]  # type: ignore[attr-defined]
         assert gpu0, row["field"]
         assert gpu0[0].value == pytest.approx(expected), f"{row['field']} is not in {row['unit']}"
-        if row["unit"] not in ("count", "bool", "ratio", "state"):
+        if row["unit"] not in ("count", "bool", "ratio", "state", "xid"):
             assert f"(in {row['unit']})" in family.documentation  # type: ignore[attr-defined]
 
 
@@ -116,11 +116,16 @@ def test_every_dcgm_field_declares_a_unit_consistent_with_its_scale() -> None:
         assert field.scale == pytest.approx(FACTOR.get(field.unit, 1.0)), field.name
 
 
-def test_only_fields_with_a_dcgm_name_are_served() -> None:
-    page = _page()
-    names = {f.name for f in text_string_to_metric_families(page)}
-    assert names == {f.name for f in dcgm_fields()}
-    assert "gpu_" not in page  # no native name leaks into this mode
+def test_fields_without_a_dcgm_name_keep_their_own_name_with_dcgm_labels() -> None:
+    families = _families(_page())
+    dcgm = {f.name for f in dcgm_fields()}
+    assert dcgm <= set(families)
+    native = set(families) - dcgm
+    assert native and all(name.startswith("gpu_") for name in native)
+    assert "gpu_temperature_celsius" in native  # the junction sensor has no DCGM field; the others do
+    junction = families["gpu_temperature_celsius"].samples  # type: ignore[attr-defined]
+    assert {s.labels["sensor"] for s in junction} == {"junction"}
+    assert all(set(STANDARD) <= set(s.labels) for s in junction)
 
 
 def test_labels_are_dcgm_exporters() -> None:

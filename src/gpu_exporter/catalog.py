@@ -524,6 +524,45 @@ CATALOG: tuple[Metric, ...] = (
         "processes",
         labels=_POD,
     ),
+    # --- GPU health at a glance: throttle time, the health summary, the last XID ---
+    *(
+        _m(
+            f"clock_event_seconds_{reason}",
+            "gpu_clock_event_seconds_total",
+            "counter",
+            "Seconds the clocks were held down, by cause (NVIDIA: since the driver loaded; AMD: since the agent "
+            "started).",
+            "clocks",
+            {"reason": reason},
+            dcgm=field,
+            scale=1e6,
+            dcgm_type="counter",
+        )
+        for reason, field in (
+            ("power", "DCGM_FI_DEV_POWER_VIOLATION"),
+            ("thermal", "DCGM_FI_DEV_THERMAL_VIOLATION"),
+            ("sync_boost", "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"),
+            ("board_limit", "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION"),
+            ("low_utilization", "DCGM_FI_DEV_LOW_UTIL_VIOLATION"),
+            ("reliability", "DCGM_FI_DEV_RELIABILITY_VIOLATION"),
+        )
+    ),
+    _m(
+        "health",
+        "gpu_health",
+        "gauge",
+        "Health by subsystem: 0 ok, 1 warning, 2 failure (rules in docs/health.md).",
+        "health",
+        labels=("subsystem",),
+    ),
+    _m(
+        "xid_last",
+        "gpu_xid_last_code",
+        "gauge",
+        "Code of the most recent XID error since the agent started, 0 when none (gpu_xid_errors_total counts them).",
+        "xid",
+        dcgm="DCGM_FI_DEV_XID_ERRORS",
+    ),
     # --- vendor-specific additions (AMD, Jetson) go below this line ---
     _m(
         "multimedia_utilization",

@@ -51,6 +51,7 @@ class Config:
     fake_gpus: int = 2
     fake_mig: int = 0
     fake_seed: int = 0
+    fake_pcie_call_seconds: float = 0.0  # simulated time each PCIe throughput call blocks
     path_sysfs: str = "/sys"
     path_procfs: str = "/proc"
     # --- forwarding options (store-and-forward) go below this line ---
@@ -392,6 +393,13 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option("fake.seed", "fake_seed", _nonneg_int, "seed for the simulated values", "N"),
+    Option(
+        "fake.pcie-call-duration",
+        "fake_pcie_call_seconds",
+        _duration_at_least(0.0),
+        "time each simulated PCIe throughput call blocks, as a real driver samples the link (e.g. 20ms)",
+        "DURATION",
+    ),
     Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
     Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
     # --- forwarding options (store-and-forward) go below this line ---

@@ -7,8 +7,9 @@ labels them (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hos
 ``namespace``, ``pod`` when pods are attributed), so that dashboards and alerts written for
 dcgm-exporter work unchanged. Which catalog key feeds which field, and the factor from our base unit
 to DCGM's, is recorded in the catalog (``Metric.dcgm``, ``dcgm_scale``, ``dcgm_type``); this module
-adds DCGM's units and help texts and builds the view. Metrics without a DCGM field are not served in
-this mode.
+adds DCGM's units and help texts and builds the view. Series without a DCGM field (per-XID counts,
+NVLink per link, throttle reasons at the sample instant, the health summary, per-pod series ...) stay
+served under their own names, labelled as the DCGM series are, so switching to this mode loses nothing.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dataclasses import dataclass
 
 from gpu_exporter import catalog
 from gpu_exporter.catalog import name_filter
-from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape
+from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape, native_view
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId
 
@@ -67,6 +68,13 @@ DCGM_UNITS: dict[str, tuple[str, str]] = {
     "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("ratio", "Ratio of cycles the fp64 pipe is active"),
     "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("ratio", "Ratio of cycles the fp32 pipe is active"),
     "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("ratio", "Ratio of cycles the fp16 pipe is active"),
+    "DCGM_FI_DEV_XID_ERRORS": ("xid", "Value of the last XID error encountered"),
+    "DCGM_FI_DEV_POWER_VIOLATION": ("us", "Throttling duration due to power constraints"),
+    "DCGM_FI_DEV_THERMAL_VIOLATION": ("us", "Throttling duration due to thermal constraints"),
+    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": ("us", "Throttling duration due to sync-boost constraints"),
+    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": ("us", "Throttling duration due to board limit constraints"),
+    "DCGM_FI_DEV_LOW_UTIL_VIOLATION": ("us", "Throttling duration due to low utilization"),
+    "DCGM_FI_DEV_RELIABILITY_VIOLATION": ("us", "Throttling duration due to reliability constraints"),
 }
 
 # Fields of older dcgm-exporter releases' default list (and of Grafana dashboard 12239) for a quantity
@@ -76,7 +84,7 @@ ALIASES: tuple[tuple[str, str, float, str, str, str], ...] = (
     ("pcie_rx", "DCGM_FI_DEV_PCIE_RX_THROUGHPUT", 1 / 1024, "counter", "KB", "PCIe receive throughput per second"),
 )
 
-_UNITLESS = ("count", "bool", "ratio", "state", "generation", "lanes")
+_UNITLESS = ("count", "bool", "ratio", "state", "generation", "lanes", "xid")
 
 
 @dataclass(frozen=True, slots=True)
@@ -113,6 +121,19 @@ def _help(what: str, unit: str) -> str:
     return f"{what} (in {unit})." if unit and unit not in _UNITLESS else f"{what}."
 
 
+def _native_families(metrics: Sequence[catalog.Metric], keep: Callable[[str], bool]) -> tuple[ViewFamily, ...]:
+    """Our own families, in our units, for the keys that have no DCGM field."""
+    out = []
+    for fam in catalog.families(metrics):
+        if keep(fam.name):
+            series = tuple(
+                ViewSeries(m.key, "".join(f',{k}="{escape(v)}"' for k, v in m.const_labels), m.labels)
+                for m in fam.metrics
+            )
+            out.append(ViewFamily(fam.name, fam.type, fam.help, series))
+    return tuple(out)
+
+
 def dcgm_labels(
     device: DeviceId, info: Mapping[str, str], hostname: str, pod: PodRef | None = None, with_pod: bool = False
 ) -> tuple[tuple[str, str], ...]:
@@ -146,11 +167,11 @@ def dcgm_view(
     """The view for ``--metrics.naming=dcgm``. ``pods(uuid)`` names the containers on a device; a
     device used by exactly one container carries its pod labels (empty otherwise, as dcgm-exporter)."""
     keep = name_filter(include, exclude)
+    metrics = [m for m in catalog.CATALOG if enabled(m.group)]
+    fields = dcgm_fields(metrics)
     families = tuple(
-        ViewFamily(f.name, f.type, f.help, (ViewSeries(f.key, "", (), f.scale),))
-        for f in dcgm_fields(m for m in catalog.CATALOG if enabled(m.group))
-        if keep(f.name)
-    )
+        ViewFamily(f.name, f.type, f.help, (ViewSeries(f.key, "", (), f.scale),)) for f in fields if keep(f.name)
+    ) + _native_families([m for m in metrics if m.key not in {f.key for f in fields}], keep)
 
     def device_labels(device: DeviceId, info: dict[str, str]) -> str:
         pod: PodRef | None = None
@@ -160,4 +181,14 @@ def dcgm_view(
         pairs = dcgm_labels(device, info, hostname, pod, with_pod=pods is not None)
         return ",".join(f'{k}="{escape(v)}"' for k, v in pairs)
 
-    return View(families, None, None, device_labels, device_labels)
+    def info_labels(device: DeviceId, info: dict[str, str]) -> str:
+        extra = "".join(f',{k}="{escape(v)}"' for k, v in sorted(info.items()) if k not in _IN_DCGM_LABELS)
+        return device_labels(device, info) + extra
+
+    native = native_view()  # gpu_up and gpu_info: no DCGM field, served under our names
+    up = native.up if native.up is not None and keep(native.up.name) else None
+    info = native.info if native.info is not None and keep(native.info.name) else None
+    return View(families, up, info, device_labels, info_labels)
+
+
+_IN_DCGM_LABELS = frozenset({"name", "pci_bus_id", "device", "driver_version"})  # already among dcgm_labels

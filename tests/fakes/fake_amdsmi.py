@@ -129,6 +129,7 @@ class FakeCard:
     ecc_total: dict[str, int] | None
     ecc_blocks: dict[AmdSmiGpuBlock, dict[str, int]]
     processes: list[dict[str, Any]] = field(default_factory=list)
+    violation: dict[str, Any] | None = None  # amdsmi_get_violation_status (MI300 and newer)
     fail: dict[str, int] = field(default_factory=dict)  # call -> status code to raise
     lost: bool = False
 
@@ -167,6 +168,47 @@ def _process(pid: int, vram: int) -> dict[str, Any]:
         "engine_usage": {"gfx": 1000, "enc": 0},
         "memory_usage": {"gtt_mem": 2 * 1024 * 1024, "cpu_mem": 0, "vram_mem": vram},
         "cu_occupancy": "N/A",
+    }
+
+
+def violation_status(samples: int, ppt: int, socket_thermal: int) -> dict[str, Any]:
+    """``amdsmi_get_violation_status``'s dict: accumulated firmware samples, and those held down by the
+    power (PVIOL) and socket thermal (TVIOL) limits; sensors the firmware lacks are "N/A"."""
+    per_xcp = [["N/A"] * 8 for _ in range(8)]
+    return {
+        "reference_timestamp": 1_717_000_000_000_000,
+        "violation_timestamp": 1_000,
+        "acc_counter": samples,
+        "acc_prochot_thrm": 0,
+        "acc_ppt_pwr": ppt,
+        "acc_socket_thrm": socket_thermal,
+        "acc_vr_thrm": 0,
+        "acc_hbm_thrm": 0,
+        "acc_gfx_clk_below_host_limit": "N/A",
+        "acc_gfx_clk_below_host_limit_pwr": copy.deepcopy(per_xcp),
+        "acc_gfx_clk_below_host_limit_thm": copy.deepcopy(per_xcp),
+        "acc_gfx_clk_below_host_limit_total": copy.deepcopy(per_xcp),
+        "acc_low_utilization": copy.deepcopy(per_xcp),
+        "per_prochot_thrm": 0,
+        "per_ppt_pwr": 100 * ppt // samples if samples else 0,
+        "per_socket_thrm": 100 * socket_thermal // samples if samples else 0,
+        "per_vr_thrm": 0,
+        "per_hbm_thrm": 0,
+        "per_gfx_clk_below_host_limit": "N/A",
+        "per_gfx_clk_below_host_limit_pwr": copy.deepcopy(per_xcp),
+        "per_gfx_clk_below_host_limit_thm": copy.deepcopy(per_xcp),
+        "per_gfx_clk_below_host_limit_total": copy.deepcopy(per_xcp),
+        "per_low_utilization": copy.deepcopy(per_xcp),
+        "active_prochot_thrm": False,
+        "active_ppt_pwr": ppt > 0,
+        "active_socket_thrm": False,
+        "active_vr_thrm": False,
+        "active_hbm_thrm": False,
+        "active_gfx_clk_below_host_limit": "N/A",
+        "active_gfx_clk_below_host_limit_pwr": copy.deepcopy(per_xcp),
+        "active_gfx_clk_below_host_limit_thm": copy.deepcopy(per_xcp),
+        "active_gfx_clk_below_host_limit_total": copy.deepcopy(per_xcp),
+        "active_low_utilization": copy.deepcopy(per_xcp),
     }
 
 
@@ -235,6 +277,7 @@ def mi300x(index: int = 0) -> FakeCard:
             AmdSmiGpuBlock.GFX: {"correctable_count": 0, "uncorrectable_count": 0, "deferred_count": 0},
         },
         processes=[_process(4242, 8 * 1024**3), _process(4343, 4 * 1024**3)],
+        violation=violation_status(1_000_000, 20_000, 0),
     )
 
 
@@ -443,3 +486,6 @@ class FakeAmdSmi:
 
     def amdsmi_get_gpu_process_list(self, h: Any) -> list[dict[str, Any]]:
         return self._supported(self._card("amdsmi_get_gpu_process_list", h).processes)
+
+    def amdsmi_get_violation_status(self, processor_handle: Any) -> dict[str, Any]:
+        return self._supported(self._card("amdsmi_get_violation_status", processor_handle).violation)

@@ -24,7 +24,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
+from gpu_exporter.backends.amd_violation import ViolationTime
 from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.backends.health import HealthTracker
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -73,6 +75,7 @@ class _Card:
     id: DeviceId
     info: dict[str, str] = field(default_factory=dict)
     live: Liveness = field(default_factory=Liveness)
+    violations: ViolationTime = field(default_factory=ViolationTime)
 
 
 def _import_amdsmi() -> Any:
@@ -139,6 +142,7 @@ class AmdBackend:
         self._lock = threading.Lock()
         self._cards: list[_Card] = []
         self._initialised = False
+        self._health = HealthTracker()
 
     # -- lifecycle -------------------------------------------------------------------------------
 
@@ -253,6 +257,8 @@ class AmdBackend:
         values: dict[SeriesKey, float] = {}
         self._read_values(card.index, values)
         processes = self._read_processes(card.index, values)
+        if self._config.collector_enabled("health"):
+            values.update(self._health.evaluate(card.index, values, self._clock()))
         return DeviceSample(card.id, True, values, dict(card.info), processes)
 
     def _read_values(self, index: int, values: dict[SeriesKey, float]) -> None:
@@ -325,6 +331,10 @@ class AmdBackend:
             info = self._call(index, "amdsmi_get_clock_info", ctype, label=domain) or {}
             v.put(f"clock_{domain}", info.get("clk"), _MHZ)
             v.put(f"clock_max_{domain}", info.get("max_clk"), _MHZ)
+        status = self._call(index, "amdsmi_get_violation_status")
+        if status is not None:
+            for reason, seconds in self._cards[index].violations.update(status, self._clock()).items():
+                v.put(f"clock_event_seconds_{reason}", seconds)
 
     def _fan(self, index: int, v: _Values) -> None:
         speed = number(self._call(index, "amdsmi_get_gpu_fan_speed", 0))

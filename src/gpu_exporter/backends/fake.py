@@ -16,12 +16,13 @@ import queue
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from types import SimpleNamespace
 from typing import Any
 
 import pynvml
 
+from gpu_exporter.backends.fake_throttle import ThrottleSim
 from gpu_exporter.backends.nvml import NvmlBackend
 from gpu_exporter.config import Config
 
@@ -60,7 +61,7 @@ class _GpmRequest:
         self.metrics = [SimpleNamespace(metricId=0, nvmlReturn=0, value=0.0) for _ in range(32)]
 
 
-class SimNvml:
+class SimNvml(ThrottleSim):
     """Quacks like the ``pynvml`` module for the calls the NVML backend makes."""
 
     __name__ = "simulated"
@@ -79,6 +80,8 @@ class SimNvml:
         seed: int = 0,
         clock: Callable[[], float] = time.time,
         processes_per_gpu: int = 1,
+        throttle: Mapping[int, float] | None = None,
+        call_cost: Mapping[str, float] | None = None,
     ) -> None:
         self.gpus = gpus
         self.mig = mig
@@ -92,8 +95,10 @@ class SimNvml:
         self.lost: set[int] = set()
         self.init_error: type[Exception] | None = None
         self.processes: dict[int, list[tuple[int, int | None, int]]] = {}
+        self.remapped_rows: dict[int, tuple[int, int, int, int]] = {}  # GPU -> (corr, unc, pending, failure)
         self._events: queue.Queue[SimpleNamespace] = queue.Queue()
         self._lock = threading.Lock()
+        self._init_throttle(throttle, call_cost)
         for name in dir(pynvml):
             if name.startswith("NVMLError_"):
                 setattr(self, name, getattr(pynvml, name))
@@ -122,6 +127,7 @@ class SimNvml:
     def _enter(self, call: str, handle: Any = None) -> None:
         with self._lock:
             self.calls[call] += 1
+        self._pay(call)
         if call in self.missing:
             raise pynvml.NVMLError_FunctionNotFound()
         index = handle.index if isinstance(handle, _Handle) else None
@@ -307,7 +313,7 @@ class SimNvml:
 
     def nvmlDeviceGetRemappedRows(self, h: _Handle) -> tuple[int, int, int, int]:
         self._enter("nvmlDeviceGetRemappedRows", h)
-        return (1, 0, 0, 0)
+        return self.remapped_rows.get(h.index, (1, 0, 0, 0))
 
     def nvmlDeviceGetRetiredPages(self, h: _Handle, cause: int) -> list[int]:
         self._enter("nvmlDeviceGetRetiredPages", h)
@@ -414,7 +420,8 @@ class SimNvml:
 
 
 def create(config: Config) -> NvmlBackend:
-    sim = SimNvml(gpus=config.fake_gpus, mig=config.fake_mig, seed=config.fake_seed)
+    cost = {"nvmlDeviceGetPcieThroughput": config.fake_pcie_call_seconds} if config.fake_pcie_call_seconds else None
+    sim = SimNvml(gpus=config.fake_gpus, mig=config.fake_mig, seed=config.fake_seed, call_cost=cost)
     backend = NvmlBackend(config, nvml=sim)
     backend.name = "fake"  # the NVML backend code, on simulated GPUs: say so in logs and self-metrics
     return backend

@@ -11,20 +11,21 @@ passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injecte
 
 from __future__ import annotations
 
-import ctypes
-import importlib
+import dataclasses
 import logging
 import re
-import threading
 import time
-from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from types import ModuleType
 from typing import Any
 
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.backends.health import HealthTracker
+from gpu_exporter.backends.nvml_library import import_pynvml, init_message
+from gpu_exporter.backends.nvml_slow import SlowCalls
+from gpu_exporter.backends.nvml_violation import read_violations
+from gpu_exporter.backends.nvml_xid import XidEvents
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -71,14 +72,6 @@ def _text(value: Any) -> str:
     return str(value)
 
 
-def _handle_key(handle: Any) -> Any:
-    """A hashable identity for a device handle (ctypes pointers compare by object, not address)."""
-    try:
-        return ctypes.addressof(handle.contents)
-    except (AttributeError, TypeError, ValueError):
-        return handle
-
-
 @dataclass
 class _Mig:
     handle: Any
@@ -119,10 +112,11 @@ class NvmlBackend:
         retry_initial: float = 5.0,
         clock: Callable[[], float] = time.monotonic,
         xid_wait_ms: int = 500,
+        slow_call_budget: float | None = 0.005,
     ) -> None:
         self._config = config
         self._nv: Any = nvml
-        self._xid_wait_ms = xid_wait_ms  # how long one event wait blocks; bounds the time close() takes
+        self._xid_wait_ms = xid_wait_ms  # how long one XID event wait blocks; bounds the time close() takes
         self._calls = CallGuard(
             log, self._classify, "%s is not in this NVIDIA driver; its metrics are skipped", missing_level=logging.INFO
         )
@@ -132,22 +126,23 @@ class NvmlBackend:
         self._devices: list[_Device] = []
         self._driver = ""
         self._cuda = ""
-        self._xid_lock = threading.Lock()
-        self._xids: Counter[tuple[int, int]] = Counter()
-        self._stop = threading.Event()
-        self._xid_thread: threading.Thread | None = None
+        self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
+        self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
+        self._reading = False  # only calls of the reading phase are timed
+        self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
+        self._health = HealthTracker()
         self._opened = False
 
     # -- lifecycle -------------------------------------------------------------------------------
 
     def open(self) -> None:
         if self._nv is None:
-            self._nv = _import_pynvml()
+            self._nv = import_pynvml()
         nv = self._nv
         try:
             nv.nvmlInit()
         except nv.NVMLError as exc:
-            raise BackendError(_init_message(nv, exc)) from None
+            raise BackendError(init_message(nv, exc)) from None
         self._opened = True
         try:
             count = int(nv.nvmlDeviceGetCount())
@@ -179,14 +174,12 @@ class NvmlBackend:
             self._cuda or "unknown",
         )
         if self._config.collector_enabled("xid"):
-            self._xid_thread = threading.Thread(target=self._xid_loop, name="nvml-xid", daemon=True)
-            self._xid_thread.start()
+            self._xid = XidEvents(nv, self.errors, self._xid_wait_ms)
+            self._xid.start((d.index, d.handle) for d in self._devices if d.handle is not None)
 
     def close(self) -> None:
-        self._stop.set()
-        if self._xid_thread is not None:
-            self._xid_thread.join(timeout=2.0)
-            self._xid_thread = None
+        self._xid.stop()
+        self._slow.close()
         if self._opened:
             for device in self._devices:
                 for sample in device.gpm_samples:
@@ -202,12 +195,54 @@ class NvmlBackend:
 
     # -- calls -----------------------------------------------------------------------------------
 
-    def _call(self, device: _Device | _Mig, name: str, *args: Any, label: str = "", **kwargs: Any) -> Any:
+    def _call(
+        self, device: _Device | _Mig, name: str, *args: Any, label: str = "", variant: str = "", **kwargs: Any
+    ) -> Any:
         """Call ``nvml.<name>``; None when the value is unavailable. Raises Lost.
 
-        ``label`` names the call in error counts and caches when one function has two variants.
+        ``label`` names the call in error counts and caches when one function has two variants;
+        ``variant`` tells apart uses of one function whose support differs per device. While reading,
+        a call is timed; one slower than the budget is started early in later cycles (nvml_slow.py).
         """
-        return self._calls.call(device.scope, label or name, getattr(self._nv, name), *args, **kwargs)
+        fn = getattr(self._nv, name)
+        named = label or name
+        scope = device.scope
+        slow = self._slow
+        if not self._reading or slow.budget is None:
+            return self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
+        early = slow.take(scope, f"{named}:{variant}", args, kwargs) if slow.pending else None
+        started = time.perf_counter()
+        answered = False
+        try:
+            if early is not None:
+                result = self._calls.call(scope, named, lambda *_a, **_k: early.result(), variant=variant)
+            else:
+                result = self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
+            answered = result is not None
+            return result
+        finally:
+            seconds = time.perf_counter() - started
+            if seconds > slow.budget or (not answered and slow.remembered):
+                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, seconds, answered)
+
+    def _scalar(
+        self,
+        device: _Device,
+        v: dict[SeriesKey, float],
+        key: str,
+        scale: float,
+        name: str,
+        *args: Any,
+        variant: str = "",
+    ) -> None:
+        """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
+        the value is filled in at the end of the cycle, so the calls after it are not held up."""
+        if self._reading and self._slow.pending and self._slow.running(device.scope, f"{name}:{variant}", args):
+            self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
+            return
+        raw = self._call(device, name, *args, variant=variant)
+        if raw is not None:
+            v[(key, ())] = raw * scale
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -310,12 +345,52 @@ class NvmlBackend:
     def read(self) -> list[DeviceSample]:
         out: list[DeviceSample] = []
         now = self._clock()
-        for device in self._devices:
-            samples = self._backoff.poll(device, now, self._attach, self._read_device)
-            out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
+        up = {d.scope for d in self._devices if d.live.up}
+        self._slow.begin(lambda scope: str(scope).split("/")[0] in up)
+        firsts: list[tuple[int, _Device, list[tuple[SeriesKey, float, Callable[[], Any]]]]] = []
+        try:
+            for device in self._devices:
+                self._late = []
+                samples = self._backoff.poll(device, now, self._attach, self._read_device)
+                if samples is not None:
+                    firsts.append((len(out), device, self._late))
+                out.extend(samples if samples is not None else [DeviceSample(device.id, False, info=device.info)])
+            for position, device, late in firsts:  # the calls still running, then the health summary
+                out[position] = self._finish(device, out[position], late)
+        finally:
+            self._late = []
+            self._slow.end()
         return out
 
+    def _finish(
+        self, device: _Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
+    ) -> DeviceSample:
+        if not late:  # complete already, health included
+            return sample
+        values = dict(sample.values.items())
+        self._reading = True
+        try:
+            for key, scale, value in late:
+                raw = value()
+                if raw is not None:
+                    values[key] = raw * scale
+        except Lost as exc:
+            self._backoff.lost(device, str(exc))
+            return DeviceSample(device.id, False, info=device.info)
+        finally:
+            self._reading = False
+        if self._config.collector_enabled("health"):
+            values.update(self._health.evaluate(device.index, values, self._clock()))
+        return dataclasses.replace(sample, values=values)
+
     def _read_device(self, device: _Device) -> list[DeviceSample]:
+        self._reading = True
+        try:
+            return self._read_device_values(device)
+        finally:
+            self._reading = False
+
+    def _read_device_values(self, device: _Device) -> list[DeviceSample]:
         enabled = self._config.collector_enabled
         h = device.handle
         v: dict[SeriesKey, float] = dict(device.static)
@@ -348,14 +423,10 @@ class NvmlBackend:
                 ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),
                 ("energy", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),
             ):
-                raw = call(device, name, h)
-                if raw is not None:
-                    v[(key, ())] = raw * scale
+                self._scalar(device, v, key, scale, name, h)
         if enabled("clocks"):
             for clock, clock_id in _CLOCKS:
-                mhz = call(device, "nvmlDeviceGetClockInfo", h, clock_id)
-                if mhz is not None:
-                    v[(f"clock_{clock}", ())] = mhz * 1e6
+                self._scalar(device, v, f"clock_{clock}", 1e6, "nvmlDeviceGetClockInfo", h, clock_id)
             pstate = call(device, "nvmlDeviceGetPerformanceState", h)
             if pstate is not None and 0 <= pstate <= 15:
                 v[("performance_state", ())] = float(pstate)
@@ -363,23 +434,20 @@ class NvmlBackend:
             if reasons is not None:
                 for bit, reason in CLOCK_EVENT_REASONS:
                     v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
+            read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
             fan = call(device, "nvmlDeviceGetFanSpeed", h)
             if fan is not None:
                 v[("fan_speed", ())] = fan / 100.0
         if enabled("pcie"):
             for key, counter in (("pcie_tx", 0), ("pcie_rx", 1)):  # NVML_PCIE_UTIL_TX/RX_BYTES
-                kib = call(device, "nvmlDeviceGetPcieThroughput", h, counter)
-                if kib is not None:
-                    v[(key, ())] = kib * 1024.0
+                self._scalar(device, v, key, 1024.0, "nvmlDeviceGetPcieThroughput", h, counter)
             for key, name in (
                 ("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
                 ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
                 ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
             ):
-                raw = call(device, name, h)
-                if raw is not None:
-                    v[(key, ())] = float(raw)
+                self._scalar(device, v, key, 1.0, name, h)
         if enabled("ecc"):
             self._ecc(device, h, v)
         if enabled("nvlink") and device.nvlinks:
@@ -392,12 +460,14 @@ class NvmlBackend:
         if enabled("gpm") and device.gpm:
             self._gpm(device, v)
         if enabled("xid"):
-            with self._xid_lock:
-                counts = {xid: n for (index, xid), n in self._xids.items() if index == device.index}
+            counts, last = self._xid.read(device.index)
             for xid in CRITICAL_XIDS:
                 counts.setdefault(xid, 0)
             for xid, n in counts.items():
                 v[("xid_errors", (str(xid),))] = float(n)
+            v[("xid_last", ())] = float(last)
+        if enabled("health") and not self._late:  # else once the late values are in (_finish)
+            v.update(self._health.evaluate(device.index, v, self._clock()))
 
         out = [DeviceSample(device.id, True, v, device.info, processes)]
         for mig in device.migs:
@@ -505,81 +575,12 @@ class NvmlBackend:
         device.gpm_samples = [previous, current]
         device.gpm_primed = True
 
-    # -- xid -------------------------------------------------------------------------------------
-
-    def _xid_loop(self) -> None:
-        nv = self._nv
-        try:
-            event_set = nv.nvmlEventSetCreate()
-        except nv.NVMLError as exc:
-            log.info("XID events unavailable: %s", exc)
-            return
-        by_handle: dict[Any, int] = {}
-        for device in self._devices:
-            if device.handle is None:
-                continue
-            try:
-                nv.nvmlDeviceRegisterEvents(device.handle, nv.nvmlEventTypeXidCriticalError, event_set)
-                by_handle[_handle_key(device.handle)] = device.index
-            except nv.NVMLError as exc:
-                log.info("GPU %d: XID events unavailable: %s", device.index, exc)
-        try:
-            while not self._stop.is_set() and by_handle:
-                try:
-                    data = nv.nvmlEventSetWait_v2(event_set, self._xid_wait_ms)
-                except nv.NVMLError_Timeout:
-                    continue
-                except nv.NVMLError as exc:
-                    self.errors["nvmlEventSetWait_v2"] += 1
-                    log.debug("XID wait failed: %s", exc)
-                    self._stop.wait(1.0)
-                    continue
-                index = by_handle.get(_handle_key(data.device))
-                if index is None:
-                    continue
-                xid = int(data.eventData)
-                log.warning("GPU %d: XID %d", index, xid)
-                with self._xid_lock:
-                    self._xids[(index, xid)] += 1
-        finally:
-            try:
-                nv.nvmlEventSetFree(event_set)
-            except nv.NVMLError:
-                pass
-
 
 def _field_value(item: Any) -> float | None:
     kind = int(item.valueType)
     value = item.value
     attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind)
     return float(getattr(value, attr)) if attr else None
-
-
-def _import_pynvml() -> ModuleType:
-    try:
-        module = importlib.import_module("pynvml")
-    except ImportError:
-        raise BackendError("the nvidia-ml-py package is not installed (pip install nvidia-ml-py)") from None
-    return module
-
-
-def _init_message(nv: Any, exc: Exception) -> str:
-    if isinstance(exc, nv.NVMLError_LibraryNotFound):
-        return (
-            "NVIDIA library libnvidia-ml.so.1 not found: check that the NVIDIA driver is installed and, "
-            "in a container, that it runs with the NVIDIA runtime (runtimeClassName: nvidia, "
-            "NVIDIA_VISIBLE_DEVICES=all)"
-        )
-    if isinstance(exc, nv.NVMLError_DriverNotLoaded):
-        return "NVIDIA driver is not loaded: check `lsmod | grep nvidia` and the driver installation"
-    if isinstance(exc, nv.NVMLError_LibRmVersionMismatch):
-        return (
-            "NVIDIA driver/library version mismatch: the kernel module and libnvidia-ml.so differ "
-            "(usually after a driver upgrade without reboot); reload the driver or reboot"
-        )
-    if isinstance(exc, nv.NVMLError_NoPermission):
-        return "no permission to open the NVIDIA devices: check access to /dev/nvidia*"
-    return f"NVML initialisation failed: {exc}"
 
 
 def create(config: Config) -> NvmlBackend:

@@ -1,0 +1,169 @@
+"""Slow NVML calls leave the serial path: measured slow twice, then started on workers as cycles begin.
+
+Mechanism only (no timed assertions): which thread made each simulated call, and that the values and
+the error handling are those of the serial path. bench/bench_cycle.py measures the cycle times.
+"""
+
+from __future__ import annotations
+
+import threading
+
+import pynvml
+
+from gpu_exporter.backends.fake import SimNvml
+from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.config import Config
+from gpu_exporter.model import DeviceSample
+
+PCIE = "nvmlDeviceGetPcieThroughput"
+COST = {PCIE: 0.05}  # far above the budget below, whatever the machine's load
+BUDGET = 0.02
+MAIN = threading.current_thread().name
+CONFIG = Config(disabled_collectors=frozenset({"xid"}))
+
+
+def make(budget: float | None = BUDGET, gpus: int = 2) -> tuple[SimNvml, NvmlBackend]:
+    sim = SimNvml(gpus=gpus, clock=lambda: 1_700_000_000.0, call_cost=COST)
+    backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=budget)
+    backend.open()
+    return sim, backend
+
+
+def measure(backend: NvmlBackend) -> list[DeviceSample]:
+    """Two cycles in line: a call is started early once it was slow in two cycles running."""
+    backend.read()
+    return backend.read()
+
+
+def pcie(samples: list[DeviceSample]) -> list[tuple[float | None, float | None]]:
+    return [(s.values.get(("pcie_tx", ())), s.values.get(("pcie_rx", ()))) for s in samples]
+
+
+def test_calls_slower_than_the_budget_run_on_workers_with_the_same_values() -> None:
+    serial_sim, serial = make(budget=None)
+    sim, backend = make()
+    try:
+        serial.read()  # primes GPM, as the first read below does
+        expected = serial.read()
+        first = measure(backend)  # every call still in line
+        assert sim.call_threads[PCIE] == {MAIN}
+        sim.call_threads.clear()
+        second = backend.read()
+        workers = sim.call_threads[PCIE]
+        assert MAIN not in workers and all(name.startswith("nvml-slow") for name in workers)
+        assert pcie(first) == pcie(second) == pcie(expected)  # the simulated clock stands still
+        assert all(v is not None for pair in pcie(second) for v in pair)
+        assert [s.values for s in second] == [s.values for s in expected]  # nothing else differs
+        assert serial_sim.call_threads[PCIE] == {MAIN}  # the serial path never uses a worker
+    finally:
+        serial.close()
+        backend.close()
+
+
+def test_a_gpu_lost_during_an_early_call_is_down_and_the_others_are_read() -> None:
+    sim, backend = make()
+    try:
+        measure(backend)
+        sim.fail(1, PCIE, pynvml.NVMLError_GpuIsLost)
+        samples = backend.read()
+        assert [s.up for s in samples] == [True, False]
+        assert backend.errors[PCIE] >= 1
+        assert pcie(samples)[0][0] is not None
+    finally:
+        backend.close()
+
+
+def test_an_early_call_that_stops_answering_goes_back_in_line_and_its_value_is_absent() -> None:
+    sim, backend = make()
+    try:
+        measure(backend)
+        sim.fail(0, PCIE, pynvml.NVMLError_NotSupported)
+        samples = backend.read()
+        assert pcie(samples)[0] == (None, None)
+        assert pcie(samples)[1][0] is not None
+        sim.call_threads.clear()
+        sim.calls.clear()
+        backend.read()
+        # not supported on GPU 0: neither asked in line nor started early again
+        assert sim.calls[PCIE] == 2
+    finally:
+        backend.close()
+
+
+class GatedSim(SimNvml):
+    """PCIe throughput calls wait for ``gate`` once it is armed (a driver stuck sampling the link)."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.gate: threading.Event | None = None
+
+    def nvmlDeviceGetPcieThroughput(self, h: object, counter: int) -> int:
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().nvmlDeviceGetPcieThroughput(h, counter)  # type: ignore[arg-type]
+
+
+def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
+    sim = GatedSim(gpus=2, clock=lambda: 1_700_000_000.0, call_cost=COST)
+    backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=BUDGET)
+    backend.open()
+    try:
+        expected = pcie(measure(backend))
+        sim.gate = threading.Event()
+        sim.calls.clear()
+        result: list[list[DeviceSample]] = []
+        reader = threading.Thread(target=lambda: result.append(backend.read()))
+        reader.start()
+        # every read after the PCIe throughput calls, on both GPUs, happens while those calls still wait
+        for _ in range(500):
+            if sim.calls["nvmlDeviceGetCurrPcieLinkWidth"] == 2 and sim.calls["nvmlDeviceGetRemappedRows"] == 2:
+                break
+            reader.join(0.01)
+        assert sim.calls["nvmlDeviceGetCurrPcieLinkWidth"] == 2 and sim.calls["nvmlDeviceGetRemappedRows"] == 2
+        assert reader.is_alive() and not result  # the cycle waits for the early calls at its end
+        sim.gate.set()
+        reader.join(10)
+        assert pcie(result[0]) == expected  # and their values are in the sample
+    finally:
+        if sim.gate is not None:
+            sim.gate.set()
+        backend.close()
+
+
+def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
+    from gpu_exporter.backends import fake
+    from gpu_exporter.config import OPTIONS
+
+    option = next(o for o in OPTIONS if o.name == "fake.pcie-call-duration")
+    seconds = option.parse("20ms")
+    backend = fake.create(Config(gpu_vendor="fake", **{option.field: seconds}))
+    assert backend._nv.call_cost == {PCIE: 0.02}
+    assert fake.create(Config(gpu_vendor="fake"))._nv.call_cost == {}
+
+
+def test_a_call_slow_only_once_goes_back_in_line() -> None:
+    """A pause of the process can make any call slow once; its early run shows it is fast."""
+    sim, backend = make()
+    try:
+        measure(backend)  # PCIe calls measured slow
+        sim.call_cost.clear()  # from now on they answer at once
+        backend.read()  # started early, ran fast on the workers: forgotten
+        sim.call_threads.clear()
+        sim.call_cost[PCIE] = 0.0001  # a cost again, only so that the simulator notes the threads
+        backend.read()
+        assert sim.call_threads[PCIE] == {MAIN}
+    finally:
+        backend.close()
+
+
+def test_a_call_slow_in_one_cycle_only_stays_in_line() -> None:
+    sim, backend = make()
+    try:
+        backend.read()  # slow in this cycle ...
+        sim.call_cost[PCIE] = 0.0001  # ... not in the next ones (a cost only so that the simulator notes threads)
+        sim.call_threads.clear()
+        backend.read()
+        backend.read()
+        assert sim.call_threads[PCIE] == {MAIN}
+    finally:
+        backend.close()
