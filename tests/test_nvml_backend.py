@@ -303,3 +303,21 @@ def test_gpu_lost_at_start_is_reported_down_not_fatal() -> None:
         assert [s.up for s in samples if s.device.gpu == "1"] == [False]
     finally:
         backend.close()
+
+
+def test_driver_without_the_v3_process_list_still_reads_every_value_and_its_processes() -> None:
+    """pynvml's unversioned process call raises NVMLLibraryMismatchError (no NVMLError) before R510."""
+    clock = Clock()
+    sim = SimNvml(gpus=2, clock=clock)
+    sim.missing.add("nvmlDeviceGetComputeRunningProcesses_v3")
+    backend = NvmlBackend(Config(), nvml=sim, clock=clock, xid_wait_ms=20)
+    backend.open()
+    try:
+        for _ in range(2):
+            samples = backend.read()
+        sample = gpu(samples, 0)
+        assert sample.up and ("power", ()) in sample.values
+        assert sample.values[("processes", ())] == 1.0
+        assert [p.pid for p in sample.processes] == [4000]
+    finally:
+        backend.close()

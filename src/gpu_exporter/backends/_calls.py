@@ -94,6 +94,10 @@ class CallGuard:
                 self._log.debug("GPU %s: %s failed: %s", scope, key, self._describe(exc))
         return None
 
+    def is_missing(self, name: str) -> bool:
+        """Whether the library was found to lack ``name``."""
+        return name in self._missing
+
     def _mark_missing(self, name: str) -> None:
         self._missing.add(name)
         self._log.log(self._missing_level, self._missing_message, name)

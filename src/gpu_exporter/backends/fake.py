@@ -68,6 +68,7 @@ class SimNvml(ThrottleSim):
 
     # constants and error classes come from the real module
     NVMLError = pynvml.NVMLError
+    NVMLLibraryMismatchError = pynvml.NVMLLibraryMismatchError
     nvmlMemory_v2 = pynvml.nvmlMemory_v2
     nvmlEventTypeXidCriticalError = pynvml.nvmlEventTypeXidCriticalError
     NVML_GPM_METRICS_GET_VERSION = pynvml.NVML_GPM_METRICS_GET_VERSION
@@ -338,7 +339,15 @@ class SimNvml(ThrottleSim):
         return out
 
     def nvmlDeviceGetComputeRunningProcesses(self, h: _Handle) -> list[SimpleNamespace]:
-        self._enter("nvmlDeviceGetComputeRunningProcesses", h)
+        if "nvmlDeviceGetComputeRunningProcesses_v3" in self.missing:
+            # what pynvml's unversioned wrapper raises on a driver before R510 (not an NVMLError)
+            raise pynvml.NVMLLibraryMismatchError("Unversioned function called and the pyNVML version ...")
+        return self.nvmlDeviceGetComputeRunningProcesses_v2(h, call="nvmlDeviceGetComputeRunningProcesses")
+
+    def nvmlDeviceGetComputeRunningProcesses_v2(
+        self, h: _Handle, call: str = "nvmlDeviceGetComputeRunningProcesses_v2"
+    ) -> list[SimpleNamespace]:
+        self._enter(call, h)
         key = h.index if h.mig is None else 1000 + h.index * 10 + h.mig
         if key in self.processes:
             procs = self.processes[key]

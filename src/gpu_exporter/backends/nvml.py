@@ -246,6 +246,8 @@ class NvmlBackend:
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
+        if isinstance(exc, nv.NVMLLibraryMismatchError):
+            return Fault.MISSING  # pynvml's unversioned wrapper when the driver lacks the newest variant
         if not isinstance(exc, nv.NVMLError):
             return None
         if isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument)):
@@ -536,6 +538,9 @@ class NvmlBackend:
 
     def _processes(self, device: _Device | _Mig, h: Any, v: dict[SeriesKey, float]) -> tuple[ProcessUsage, ...]:
         procs = self._call(device, "nvmlDeviceGetComputeRunningProcesses", h)
+        if procs is None and self._calls.is_missing("nvmlDeviceGetComputeRunningProcesses"):
+            # drivers before R510 have only the _v2 struct; pynvml's unversioned call asks for _v3
+            procs = self._call(device, "nvmlDeviceGetComputeRunningProcesses_v2", h)
         if procs is None:
             return ()
         v[("processes", ())] = float(len(procs))
