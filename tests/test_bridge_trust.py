@@ -42,9 +42,7 @@ def _msg(batch: Batch, stamp: Stamp | None, topic_node: str | None = None, mid: 
 
 def _written(rx: ScriptedReceiver, node: str) -> list[int]:
     """Every timestamp (ms) written for ``node``."""
-    return [
-        t for req in rx.requests for labels, points in req.series if ("node", node) in labels for t, _ in points
-    ]
+    return [t for req in rx.requests for labels, points in req.series if ("node", node) in labels for t, _ in points]
 
 
 def _ok(n: int) -> tuple[int, bytes, dict[str, str]]:
@@ -109,7 +107,7 @@ def test_a_small_lead_within_the_tolerance_is_still_never_written_in_the_future(
     batch = make_batch(node, "b1", [1, 2, 3, 4], now + 120 - 15)  # two minutes fast, up to the last second
     stamp = Stamp(round(now * 1000), round((now + 120) * 1000))
     with ScriptedReceiver(_ok) as rx:
-        bridge, registry = _bridge(rx.url)
+        bridge, _ = _bridge(rx.url)
         bridge.process([_msg(batch, stamp)])
     stamps = _written(rx, node)
     assert len(set(stamps)) == 4 and max(stamps) <= round(now * 1000)

@@ -85,9 +85,7 @@ def stamp_of(properties: Any, received: float | None = None) -> Stamp:
 class ClockGuard(Collector):
     """Applies the policy above and exports ``gpu_exporter_node_clock_skew_seconds{node}``."""
 
-    def __init__(
-        self, max_skew: float, policy: str, metrics: BridgeMetrics, nodes: NodeNames | None = None
-    ) -> None:
+    def __init__(self, max_skew: float, policy: str, metrics: BridgeMetrics, nodes: NodeNames | None = None) -> None:
         if policy not in POLICIES:
             raise ValueError(f"invalid clock-skew policy {policy!r} (use {' or '.join(POLICIES)})")
         self.max_skew_ms = round(max_skew * 1000)
