@@ -14,6 +14,7 @@ them with one plan (see remote_write.WriteEncoder).
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import sys
 from collections.abc import Iterable
@@ -57,7 +58,8 @@ class _Device:
         self.series: dict[SeriesKey, _Entry | None] = {}
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
-        self.metrics: tuple[SeriesKey, ...] | None = None  # the metrics list ``entries`` was made for
+        # the metrics list ``entries`` was made for, and which of its columns were absent
+        self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
         self.entries: list[_Entry | None] = []
         self.unknown: set[str] = set()
         self.limited = 0  # entries of ``entries`` its node may not create
@@ -127,17 +129,32 @@ class Converter:
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
             entry = self._admit(node, _entry(pairs))
+            if not entry:
+                return entry  # not cached: a node past its limit cannot grow the cache either
         self._count(1 + len(entry or b"") // _UNIT)  # may start over: this device's cache lives on
         cache.series[(sys.intern(key), dynamic)] = entry
         return entry
 
-    def _entries(self, node: str, device: DeviceId, cache: _Device, metrics: tuple[SeriesKey, ...]) -> _Device:
-        """The entry of each of a batch's metrics on one device; remade only when the metrics list changes."""
-        if cache.metrics != metrics:
-            cache.entries = [self._labels(node, device, cache, m) for m in metrics]
-            cache.unknown = {m[0] for m, e in zip(metrics, cache.entries, strict=True) if e is None}
-            cache.limited = sum(1 for e in cache.entries if e == _LIMITED)
-            cache.metrics = metrics
+    def _entries(
+        self,
+        node: str,
+        device: DeviceId,
+        cache: _Device,
+        metrics: tuple[SeriesKey, ...],
+        columns: list[list[float | None] | None],
+    ) -> _Device:
+        """The entry of each of a batch's metrics on one device (None where the device has no column);
+        remade only when the metrics list or the set of columns present changes. Only series with a
+        column count against the node's series limit."""
+        absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
+        if cache.metrics != (metrics, absent):
+            entries = [
+                None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)
+            ]
+            cache.entries = entries
+            cache.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
+            cache.limited = entries.count(_LIMITED)
+            cache.metrics = (metrics, absent)
         return cache
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
@@ -183,7 +200,7 @@ class Converter:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                plan = self._entries(node, dev.device, cache, metrics)
+                plan = self._entries(node, dev.device, cache, metrics, dev.columns)
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
                 if plan.limited:

@@ -10,12 +10,14 @@ If the bridge dies, every message it had not acknowledged is delivered again to 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +42,10 @@ __all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "parse_mqtt
 log = logging.getLogger(__name__)
 
 MAX_NODES = 100_000  # distinct node names kept in per-node metrics and logs
+# JSON text decoded per remote write (the decoded columns take about five times as much memory): past
+# it, the messages taken at once are written in several groups, so that a burst of large payloads
+# cannot multiply the bridge's memory by --bridge.max-messages. One payload is always taken whole.
+GROUP_TEXT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -355,11 +361,26 @@ class Bridge:
 
     def process(self, msgs: list[Received]) -> int:
         """Decode, drop replays, write. Returns the samples written; raises Stopped when stopping."""
+        written = 0
+        todo = iter(msgs)
+        while True:
+            group = self._group(todo)
+            if group is None:
+                return written
+            written += group
+
+    def _group(self, todo: Iterator[Received]) -> int | None:
+        """Decode, check and write messages of ``todo`` until GROUP_TEXT_BYTES of JSON were decoded;
+        the samples written, None when ``todo`` was empty."""
         decoded: list[tuple[ColumnBatch, list[int] | None]] = []
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
         replays = 0
+        text = 0
         now_ms = time.time_ns() // 1_000_000  # nothing is written later than this (bridge/clock.py)
-        for m in msgs:
+        first = next(todo, None)
+        if first is None:
+            return None
+        for m in itertools.chain((first,), todo):
             batch = self.handler.decode(m)
             if batch is None:
                 continue
@@ -377,6 +398,9 @@ class Bridge:
             batch, keep = checked
             taken.update(seqs[i] for i in (range(len(seqs)) if keep is None else keep))
             decoded.append((batch, keep))
+            text += batch.text_bytes
+            if text >= GROUP_TEXT_BYTES:
+                break
         if replays:
             self.metrics.duplicates.inc(replays)
         if not decoded:
