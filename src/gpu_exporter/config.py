@@ -82,7 +82,7 @@ class Config:
     bridge_max_inflight: int = 200
     bridge_max_payload: int = 16 * 1024 * 1024
     bridge_node_label: str = "node"
-    bridge_series_cache: int = 1_000_000
+    bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
     bridge_clock_skew_policy: str = "correct"
     bridge_max_series_per_node: int = 20_000
@@ -542,7 +542,7 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.series-cache",
         "bridge_series_cache",
         _positive_int,
-        "bridge: series whose encoded labels are kept (about 300 bytes each; 100 per GPU)",
+        "bridge: series whose encoded labels are kept (about 370 bytes each with their bookkeeping; ~95 per GPU)",
         "N",
     ),
     Option(

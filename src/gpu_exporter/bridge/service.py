@@ -78,7 +78,7 @@ class BridgeSettings:
     rw_backoff_max: float = 10.0
     rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
-    series_cache: int = 1_000_000
+    series_cache: int = 750_000
     max_series_per_node: int = 20_000
     max_clock_skew: float = 300.0
     clock_skew_policy: str = "correct"
