@@ -140,7 +140,8 @@ def test_skewed_nodes_cannot_blind_the_fleet(tmp_path: Path) -> None:
                     t for points in prom.samples(f'{{node="{node}",__name__="gpu_up"}}').values() for t, _ in points
                 ]
                 assert stamps, f"no samples of {node}"
-                assert (started - 10) * 1000 <= min(stamps) and max(stamps) <= ended * 1000
+                # (a correction is off by the unseen network transit, which makes a sample late, never early)
+                assert (started - 10) * 1000 <= min(stamps) and max(stamps) <= time.time() * 1000
                 assert bridge.metric(f'gpu_exporter_bridge_edge_samples_corrected_total{{node="{node}"}}') > 0
             assert bridge.metric('gpu_exporter_bridge_edge_samples_corrected_total{node="edge-healthy"}') == 0
 
