@@ -83,7 +83,10 @@ class Config:
     bridge_max_inflight: int = 200
     bridge_max_payload: int = 16 * 1024 * 1024
     bridge_node_label: str = "node"
-    bridge_series_cache: int = 1_000_000
+    bridge_series_cache: int = 750_000
+    bridge_max_clock_skew: float = 300.0
+    bridge_clock_skew_policy: str = "correct"
+    bridge_max_series_per_node: int = 20_000
     remote_write_url: str = ""
     remote_write_username: str = ""
     remote_write_password_file: str = ""
@@ -547,8 +550,31 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.series-cache",
         "bridge_series_cache",
         _positive_int,
-        "bridge: series whose encoded labels are kept (about 300 bytes each; 100 per GPU)",
+        "bridge: series whose encoded labels are kept (about 370 bytes each with their bookkeeping; ~95 per GPU)",
         "N",
+    ),
+    Option(
+        "bridge.max-series-per-node",
+        "bridge_max_series_per_node",
+        _positive_int,
+        "bridge: distinct series one node may create; values of further series are dropped and counted",
+        "N",
+    ),
+    Option(
+        "bridge.max-clock-skew",
+        "bridge_max_clock_skew",
+        _duration_at_least(1),
+        "bridge: a node's clock may be this far off the bridge's before its batches are corrected or "
+        "refused (--bridge.clock-skew-policy); samples after the bridge's clock are never written",
+        "DURATION",
+    ),
+    Option(
+        "bridge.clock-skew-policy",
+        "bridge_clock_skew_policy",
+        _choice("correct", "refuse"),
+        "bridge: batches of a node whose clock is off by more than --bridge.max-clock-skew: move their "
+        "timestamps by the measured offset, or refuse them (counted per node)",
+        "POLICY",
     ),
     Option(
         "remote-write.url",

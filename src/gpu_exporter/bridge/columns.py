@@ -14,6 +14,7 @@ surrogate written as a JSON escape) is rejected here, because it could never be 
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import json
 import math
@@ -51,6 +52,7 @@ class ColumnBatch:
     times_ms: list[int]
     metrics: list[SeriesKey]
     devices: list[ColumnDevice]
+    text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
 
 
 def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
@@ -102,7 +104,7 @@ def _read(data: bytes, max_bytes: int) -> ColumnBatch:
         raise codec.PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
         raise codec.PayloadError("payload JSON is nested too deeply") from None
-    return from_document(doc)
+    return dataclasses.replace(from_document(doc), text_bytes=len(text))
 
 
 def from_document(doc: Any) -> ColumnBatch:

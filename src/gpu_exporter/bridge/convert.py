@@ -14,6 +14,7 @@ them with one plan (see remote_write.WriteEncoder).
 from __future__ import annotations
 
 import itertools
+import operator
 import re
 import sys
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.remote_write import Series, encode_labels
 from gpu_exporter.model import DeviceId, SeriesKey
 
-__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
+__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter", "SeriesLimits"]
 
 UP_METRIC = "gpu_up"
 INFO_METRIC = "gpu_info"
@@ -33,8 +34,15 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 # A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):
 # about a third of the memory of keeping the label tuples too, and bytes cache their hash, so they are
-# cheap dictionary keys when the series of several batches are merged.
+# cheap dictionary keys when the series of several batches are merged. ``_LIMITED`` (empty, so falsy
+# like None) marks a series its node may not create (--bridge.max-series-per-node).
 _Entry = bytes
+_LIMITED = b""
+# The cache counts in units of one typical entry with its dictionary slot and key (~300 bytes): a
+# longer entry (long label values) counts as several, a device's own bookkeeping as a few, so that
+# ``cache_size`` bounds memory, not only the number of entries.
+_UNIT = 300
+_DEVICE_UNITS = 4
 
 
 def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
@@ -44,15 +52,17 @@ def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
 class _Device:
     """What the converter remembers about one device of one node."""
 
-    __slots__ = ("entries", "info", "metrics", "series", "unknown", "up")
+    __slots__ = ("entries", "info", "limited", "metrics", "series", "unknown", "up")
 
     def __init__(self) -> None:
         self.series: dict[SeriesKey, _Entry | None] = {}
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
-        self.metrics: tuple[SeriesKey, ...] | None = None  # the metrics list ``entries`` was made for
+        # the metrics list ``entries`` was made for, and which of its columns were absent
+        self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
         self.entries: list[_Entry | None] = []
         self.unknown: set[str] = set()
+        self.limited = 0  # entries of ``entries`` its node may not create
 
 
 @dataclass
@@ -61,28 +71,41 @@ class Converted:
     gpu_samples: int = 0  # (sample, device) pairs
     newest_ms: int | None = None
     unknown_keys: set[str] = field(default_factory=set)
+    limited: dict[str, int] = field(default_factory=dict)  # values dropped per node by the series limit
 
 
 class Converter:
     """Turns batches into series. Not thread-safe: one per writer thread."""
 
-    def __init__(self, node_label: str = "node", cache_size: int = 1_000_000) -> None:
+    def __init__(
+        self, node_label: str = "node", cache_size: int = 1_000_000, max_series_per_node: int = 1_000_000
+    ) -> None:
         if not _LABEL_NAME.match(node_label) or node_label.startswith("__"):
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
         self._cache_size = cache_size
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
+        self._limits = SeriesLimits(max_series_per_node, cache_size)
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
         key = (node, device)
         cache = self._devices.get(key)
         if cache is None:
-            if self._cached >= self._cache_size:
-                self._devices.clear()
-                self._cached = 0
+            self._count(_DEVICE_UNITS)
             cache = self._devices[key] = _Device()
         return cache
+
+    def _count(self, units: int) -> None:
+        """Account for what is about to be cached; over the bound, start over (bounded memory)."""
+        if self._cached + units > self._cache_size:
+            self._devices.clear()
+            self._cached = 0
+        self._cached += units
+
+    def _admit(self, node: str, entry: _Entry) -> _Entry:
+        """``entry``, or ``_LIMITED`` when it would be one series too many for ``node``."""
+        return entry if self._limits.admit(node, entry) else _LIMITED
 
     def _labels(
         self,
@@ -105,20 +128,33 @@ class Converter:
             pairs = [("__name__", metric.name), *device.labels(), *metric.const_labels]
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
-            entry = _entry(pairs)
+            entry = self._admit(node, _entry(pairs))
+            if not entry:
+                return entry  # not cached: a node past its limit cannot grow the cache either
+        self._count(1 + len(entry or b"") // _UNIT)  # may start over: this device's cache lives on
         cache.series[(sys.intern(key), dynamic)] = entry
-        self._cached += 1
-        if self._cached >= self._cache_size:  # bounded memory: start over (this device's cache lives on)
-            self._devices.clear()
-            self._cached = 0
         return entry
 
-    def _entries(self, node: str, device: DeviceId, cache: _Device, metrics: tuple[SeriesKey, ...]) -> _Device:
-        """The entry of each of a batch's metrics on one device; remade only when the metrics list changes."""
-        if cache.metrics != metrics:
-            cache.entries = [self._labels(node, device, cache, m) for m in metrics]
-            cache.unknown = {m[0] for m, e in zip(metrics, cache.entries, strict=True) if e is None}
-            cache.metrics = metrics
+    def _entries(
+        self,
+        node: str,
+        device: DeviceId,
+        cache: _Device,
+        metrics: tuple[SeriesKey, ...],
+        columns: list[list[float | None] | None],
+    ) -> _Device:
+        """The entry of each of a batch's metrics on one device (None where the device has no column);
+        remade only when the metrics list or the set of columns present changes. Only series with a
+        column count against the node's series limit."""
+        absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
+        if cache.metrics != (metrics, absent):
+            entries = [
+                None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)
+            ]
+            cache.entries = entries
+            cache.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
+            cache.limited = entries.count(_LIMITED)
+            cache.metrics = (metrics, absent)
         return cache
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
@@ -156,14 +192,19 @@ class Converter:
                 if not stamps_up:
                     continue
                 up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
-                add((up_entry, stamps_up, flags))
-                if info_entry is not None:
+                if up_entry:
+                    add((up_entry, stamps_up, flags))
+                else:
+                    out.limited[node] = out.limited.get(node, 0) + len(stamps_up)
+                if info_entry:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                plan = self._entries(node, dev.device, cache, metrics)
+                plan = self._entries(node, dev.device, cache, metrics, dev.columns)
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
+                if plan.limited:
+                    out.limited[node] = out.limited.get(node, 0) + plan.limited * n
                 if keep is None and answering is None and not dev.gaps:  # the common case, in one C loop
                     pieces += [  # no gaps: no column holds a None
                         (e, times, c)  # type: ignore[misc]
@@ -172,7 +213,7 @@ class Converter:
                     ]
                     continue
                 for entry, col in zip(plan.entries, dev.columns, strict=True):
-                    if col is None or entry is None:
+                    if col is None or not entry:
                         continue
                     if keep is not None:
                         col = [col[i] for i in keep]
@@ -216,7 +257,9 @@ class Converter:
         """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
         up = cache.up
         if up is None:
-            up = cache.up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
+            up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
+            self._count(1 + len(up) // _UNIT)
+            up = cache.up = self._admit(node, up)
         if not info:
             return up, None
         key = tuple(info.items())
@@ -228,6 +271,38 @@ class Converter:
             pairs.update(device.labels())
             pairs["__name__"] = INFO_METRIC
             pairs[self.node_label] = node
-            found = cache.info[key] = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
-            self._cached += 1
+            found = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
+            self._count(1 + len(found) // _UNIT)
+            found = cache.info[key] = self._admit(node, found)
         return up, found
+
+
+class SeriesLimits:
+    """Distinct series per node, each remembered as the 64-bit hash of its encoded labels.
+
+    A node may create up to ``per_node`` series; further ones are refused. The hashes of all nodes
+    together are bounded by ``total`` (the series cache's size): past it, every count starts over, so
+    the limit is "per node since the bridge started, or since the fleet last filled the cache".
+    """
+
+    def __init__(self, per_node: int, total: int) -> None:
+        self.per_node = per_node
+        self._total = max(total, per_node)
+        self._seen: dict[str, set[int]] = {}
+        self._count = 0
+
+    def admit(self, node: str, entry: bytes) -> bool:
+        seen = self._seen.get(node)
+        if seen is None:
+            seen = self._seen[node] = set()
+        h = hash(entry)
+        if h in seen:
+            return True
+        if len(seen) >= self.per_node:
+            return False
+        if self._count >= self._total:
+            self._seen = {node: (seen := set())}
+            self._count = 0
+        seen.add(h)
+        self._count += 1
+        return True

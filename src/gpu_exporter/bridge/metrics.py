@@ -10,7 +10,26 @@ from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-__all__ = ["BridgeMetrics", "Liveness"]
+__all__ = ["BridgeMetrics", "Liveness", "NodeNames"]
+
+
+class NodeNames:
+    """Bounds the node label values a misbehaving publisher can create: past ``limit`` distinct
+    nodes, the rest are counted under ``_other``. Thread-safe."""
+
+    def __init__(self, limit: int = 100_000) -> None:
+        self._limit = limit
+        self._known: set[str] = set()
+        self._lock = threading.Lock()
+
+    def label(self, node: str) -> str:
+        with self._lock:
+            if node in self._known:
+                return node
+            if len(self._known) >= self._limit:
+                return "_other"
+            self._known.add(node)
+            return node
 
 
 class BridgeMetrics:
@@ -22,7 +41,8 @@ class BridgeMetrics:
         self.payloads_dropped = Counter(
             p + "payloads_dropped",
             "Batch messages acknowledged and dropped because they could not be "
-            "used, by node and reason (malformed, oversized).",
+            "used, by node (from the topic) and reason (malformed, oversized, node_mismatch: the payload "
+            "names another node than its topic).",
             ["node", "reason"],
             registry=registry,
         )
@@ -38,8 +58,8 @@ class BridgeMetrics:
         )
         self.samples_rejected = Counter(
             p + "samples_rejected",
-            "Samples remote storage refused for good and that were dropped, by "
-            "reason (too_old, out_of_order, duplicate, client_error).",
+            "Samples remote storage refused for good and that were dropped, by reason (too_old, "
+            "out_of_order, duplicate, client_error: any other 4xx, a 3xx redirect included).",
             ["reason"],
             registry=registry,
         )
@@ -68,18 +88,38 @@ class BridgeMetrics:
         )
         self.lag = Gauge(
             p + "lag_seconds",
-            "Age of the newest sample in the last successful write, when it was written.",
+            "Age of the newest sample in the last write that remote storage accepted, when it was written.",
             registry=registry,
         )
         self.last_write = Gauge(
             p + "last_write_timestamp_seconds",
-            "When the last successful remote write finished.",
+            "When the last remote write that remote storage accepted (any of its samples) finished.",
             registry=registry,
         )
         self.queue = Gauge(
             p + "queue_messages", "Messages received and not yet written and acknowledged.", registry=registry
         )
         self.connected = Gauge(p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry)
+        self.edge_refused = Counter(
+            p + "edge_samples_refused",
+            "Edge samples (one timestamp of a batch) the bridge refused before writing, by node and reason "
+            "(clock_skew: the node's clock is off and the policy is refuse; future: stamped after the "
+            "bridge's clock; before_epoch: stamped before 1970).",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.edge_corrected = Counter(
+            p + "edge_samples_corrected",
+            "Edge samples whose timestamps were moved by the node's measured clock skew, by node.",
+            ["node"],
+            registry=registry,
+        )
+        self.series_limited = Counter(
+            p + "series_limited",
+            "Values dropped because their node reached --bridge.max-series-per-node distinct series, by node.",
+            ["node"],
+            registry=registry,
+        )
 
 
 class Liveness(Collector):

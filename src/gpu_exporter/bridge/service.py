@@ -10,12 +10,14 @@ If the bridge dies, every message it had not acknowledged is delivered again to 
 
 from __future__ import annotations
 
+import itertools
 import logging
 import queue
 import ssl
 import threading
 import time
 import urllib.parse
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,10 +29,11 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge import columns
+from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.dedup import SeqTracker
-from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
+from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness, NodeNames
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
 from gpu_exporter.forward import batch as codec
 
@@ -39,6 +42,10 @@ __all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "parse_mqtt
 log = logging.getLogger(__name__)
 
 MAX_NODES = 100_000  # distinct node names kept in per-node metrics and logs
+# JSON text decoded per remote write (the decoded columns take about five times as much memory): past
+# it, the messages taken at once are written in several groups, so that a burst of large payloads
+# cannot multiply the bridge's memory by --bridge.max-messages. One payload is always taken whole.
+GROUP_TEXT_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -71,7 +78,10 @@ class BridgeSettings:
     rw_backoff_max: float = 10.0
     rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
-    series_cache: int = 1_000_000
+    series_cache: int = 750_000
+    max_series_per_node: int = 20_000
+    max_clock_skew: float = 300.0
+    clock_skew_policy: str = "correct"
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
@@ -95,6 +105,7 @@ class Received:
     qos: int
     topic: str
     payload: bytes
+    stamp: Stamp | None = None  # when it arrived and, from MQTT 5 agents, when it was sent
 
 
 class MessageHandler:
@@ -134,7 +145,11 @@ class MessageHandler:
             reason = "oversized" if "limit" in str(exc) else "malformed"
             self.drop(node, reason, str(exc))
             return None
-        self._liveness.seen(batch.node)
+        if batch.node != node:
+            # The topic is what the broker's ACLs check: a node names itself only there.
+            self.drop(node, "node_mismatch", f"payload names node {batch.node!r}, its topic {node!r}")
+            return None
+        self._liveness.seen(node)
         return batch
 
     def drop(self, node: str, reason: str, why: str) -> None:
@@ -184,7 +199,14 @@ class Bridge:
         self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
         self._stop = threading.Event()
         self._queue: queue.Queue[Received] = queue.Queue()
-        self._converter = Converter(settings.node_label, cache_size=settings.series_cache)
+        self.nodes = NodeNames(MAX_NODES)
+        self.clock = ClockGuard(settings.max_clock_skew, settings.clock_skew_policy, self.metrics, self.nodes)
+        registry.register(self.clock)
+        self._converter = Converter(
+            settings.node_label,
+            cache_size=settings.series_cache,
+            max_series_per_node=settings.max_series_per_node,
+        )
         self._writer = RemoteWriter(
             settings.remote_write_url,
             timeout=settings.rw_timeout,
@@ -230,6 +252,7 @@ class Bridge:
         self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
         self._connected = threading.Event()
         self._unknown_logged: set[str] = set()
+        self._limited_logged: set[str] = set()
 
     # ------------------------------------------------------------------------------------------- MQTT
 
@@ -288,7 +311,8 @@ class Bridge:
                 client.ack(msg.mid, msg.qos)
             return
         self.metrics.messages.inc()
-        self._queue.put(Received(msg.mid, msg.qos, topic, bytes(msg.payload)))
+        stamp = stamp_of(getattr(msg, "properties", None))
+        self._queue.put(Received(msg.mid, msg.qos, topic, bytes(msg.payload), stamp))
         self.metrics.queue.inc()
 
     # ----------------------------------------------------------------------------------------- writer
@@ -337,10 +361,26 @@ class Bridge:
 
     def process(self, msgs: list[Received]) -> int:
         """Decode, drop replays, write. Returns the samples written; raises Stopped when stopping."""
+        written = 0
+        todo = iter(msgs)
+        while True:
+            group = self._group(todo)
+            if group is None:
+                return written
+            written += group
+
+    def _group(self, todo: Iterator[Received]) -> int | None:
+        """Decode, check and write messages of ``todo`` until GROUP_TEXT_BYTES of JSON were decoded;
+        the samples written, None when ``todo`` was empty."""
         decoded: list[tuple[ColumnBatch, list[int] | None]] = []
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
         replays = 0
-        for m in msgs:
+        text = 0
+        now_ms = time.time_ns() // 1_000_000  # nothing is written later than this (bridge/clock.py)
+        first = next(todo, None)
+        if first is None:
+            return None
+        for m in itertools.chain((first,), todo):
             batch = self.handler.decode(m)
             if batch is None:
                 continue
@@ -348,9 +388,19 @@ class Bridge:
             seqs = batch.seqs
             fresh = [i for i in self.dedup.unseen(batch.node, batch.boot, seqs) if seqs[i] not in taken]
             replays += len(seqs) - len(fresh)
-            if fresh:
-                taken.update(seqs[i] for i in fresh)
-                decoded.append((batch, None if len(fresh) == len(seqs) else fresh))
+            if not fresh:
+                continue
+            checked = self.clock.check(
+                batch, m.stamp or Stamp(now_ms), None if len(fresh) == len(seqs) else fresh, now_ms
+            )
+            if checked is None:
+                continue
+            batch, keep = checked
+            taken.update(seqs[i] for i in (range(len(seqs)) if keep is None else keep))
+            decoded.append((batch, keep))
+            text += batch.text_bytes
+            if text >= GROUP_TEXT_BYTES:
+                break
         if replays:
             self.metrics.duplicates.inc(replays)
         if not decoded:
@@ -358,16 +408,32 @@ class Bridge:
         converted = self._converter.convert(decoded)
         for key in converted.unknown_keys:
             self._warn_unknown(key)
+        for node, values in converted.limited.items():
+            self._warn_limited(node, values)
         outcome = self._writer.write(converted.series)
         now = time.time()
         for batch, keep in decoded:
             self.dedup.mark(batch.node, batch.boot, batch.seqs if keep is None else [batch.seqs[i] for i in keep])
         self.metrics.samples.inc(outcome.written)
-        self.metrics.gpu_samples.inc(converted.gpu_samples)
-        self.metrics.last_write.set(now)
-        if converted.newest_ms is not None:
-            self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
+        if outcome.written:  # health advances only with what remote storage accepted
+            total = outcome.written + outcome.rejected
+            self.metrics.gpu_samples.inc(round(converted.gpu_samples * outcome.written / total))
+            self.metrics.last_write.set(now)
+            if converted.newest_ms is not None:
+                self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
         return outcome.written
+
+    def _warn_limited(self, node: str, values: int) -> None:
+        label = self.nodes.label(node)
+        self.metrics.series_limited.labels(label).inc(values)
+        if label not in self._limited_logged:
+            self._limited_logged.add(label)
+            log.warning(
+                "node %s reached --bridge.max-series-per-node=%d distinct series; values of further series "
+                "are dropped (logged once per node; see gpu_exporter_bridge_series_limited_total)",
+                label,
+                self.settings.max_series_per_node,
+            )
 
     def _warn_unknown(self, key: str) -> None:
         if key not in self._unknown_logged:

@@ -29,6 +29,7 @@ from paho.mqtt.reasoncodes import ReasonCode
 
 from gpu_exporter.config import Config, tls_context
 from gpu_exporter.config import error_reason as _reason
+from gpu_exporter.forward import sendtime
 
 __all__ = ["Link", "LinkSettings", "tls_context"]
 
@@ -137,7 +138,9 @@ class Link:
         client = self._client
         if client is None or self.state != "up":
             return None
-        info = client.publish(topic, payload, qos=1, retain=retain)
+        # MQTT 5: stamped with the send time here, at publish (forward/sendtime.py)
+        props = sendtime.properties() if self.settings.protocol == "5" else None
+        info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
             log.debug("publish refused by the client: %s", paho.error_string(info.rc))
             return None
