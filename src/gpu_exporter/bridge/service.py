@@ -376,7 +376,7 @@ class Bridge:
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
         replays = 0
         text = 0
-        now_ms = time.time_ns() // 1_000_000  # nothing is written later than this (bridge/clock.py)
+        now_ms = -(-time.time_ns() // 1_000_000)  # nothing later is written (bridge/clock.py); ceil: stamps round
         first = next(todo, None)
         if first is None:
             return None
