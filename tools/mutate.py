@@ -249,7 +249,7 @@ def main(argv: list[str] | None = None) -> int:
     if problems:
         for line in problems:
             print(f"mutate: {line}", file=sys.stderr)
-        print("mutate: the source changed under a mutant; update tools/mutate.py", file=sys.stderr)
+        print("mutate: the code or tests moved under a mutant; update tools/mutate.py", file=sys.stderr)
         return 2
 
     with tempfile.TemporaryDirectory(prefix="gpu-exporter-mutate-") as tmp:
