@@ -91,7 +91,9 @@ def running(tmp_path: Path) -> Iterator[Any]:
 
 def feed_one_by_one(fwd: Forwarder, ring: RingBuffer, seqs: range) -> None:
     """Append samples as the sampler does, each once the forwarder took the one before (so that batches
-    close exactly where their rule says, whatever the machine's load)."""
+    close exactly where their rule says, whatever the machine's load). Connected first: a connection
+    made while a batch is open closes it at once (the newest data goes first)."""
+    assert wait_until(lambda: fwd.link.up, 10), "the forwarder did not connect"
     for seq in seqs:
         ring.append(sample(seq))
         assert wait_until(lambda seq=seq: fwd._last_seq == seq, 10), f"sample {seq} was not taken"
