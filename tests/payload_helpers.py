@@ -7,10 +7,14 @@ import gzip
 import itertools
 import json
 import zlib
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 from gpu_exporter.forward import batch as codec
 from gpu_exporter.forward._zdict import ZDICT_V2
+from gpu_exporter.forward.batch import PayloadError
+
+T = TypeVar("T")
 
 
 def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
@@ -72,3 +76,18 @@ def v2_payload(doc: dict[str, Any]) -> bytes:
     text = json.dumps(as_v2(doc), separators=(",", ":")).encode()
     deflater = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT_V2)
     return deflater.compress(text) + deflater.flush()
+
+
+def strictly(reader: Callable[[bytes], T], data: bytes) -> T | None:
+    """``reader(data)``, or None when it refuses the payload with one of its own checks.
+
+    The public readers (``batch.decode``, ``peek``, ``verify``, ``columns.read``) turn any other exception
+    into ``PayloadError("invalid payload: <type>: ...")`` so that nothing else escapes to a caller. A fuzz
+    test that accepted any PayloadError would therefore pass with an IndexError or KeyError planted in the
+    decoder; this one fails on that wrapper's message, so only deliberate refusals pass.
+    """
+    try:
+        return reader(data)
+    except PayloadError as exc:
+        assert not str(exc).startswith("invalid payload:"), f"{getattr(reader, '__name__', reader)}: {exc}"
+        return None

@@ -71,14 +71,18 @@ def test_prometheus_too_old_samples_are_dropped_and_counted_and_newer_ones_land(
     series = _series("t_too_old", stamps, n=2)
     registry = CollectorRegistry()
     writer = RemoteWriter(prometheus.write_url, max_samples=10_000, metrics=BridgeMetrics(registry))
+    # A Prometheus with current data (an empty head accepts any age): the window counts back from now.
+    assert RemoteWriter(prometheus.write_url).write(_series("t_too_old_now", [now], n=1)).written == 1
     outcome = writer.write(series)
     stored = prometheus.samples("t_too_old")
     expected = {k: [p for p in v if p[0] >= now - 3 * 3600_000 + 120_000] for k, v in _expected(series).items()}
+    assert stored.keys() == expected.keys()  # both series were stored, not nothing
     for key, points in stored.items():
-        assert set(expected[key]) <= set(points)  # every sample inside the window is there
+        assert expected[key] and set(expected[key]) <= set(points)  # every sample inside the window is there
         assert set(points) <= set(_expected(series)[key])
     written = sum(len(v) for v in stored.values())
     assert outcome.written == written and outcome.rejected == 602 - written
+    assert written >= 2 * 60 and outcome.rejected >= 2 * 100  # the last ~3 h landed, the first 2 h did not
     assert _metric(registry, "gpu_exporter_bridge_samples_rejected_total", reason="too_old") == outcome.rejected
     assert outcome.requests <= 40  # halving along time (~4 log2 n), not one request per timestamp
     assert _metric(registry, "gpu_exporter_bridge_write_errors_total", reason="server") == 0
@@ -114,18 +118,32 @@ def test_server_errors_are_retried_with_backoff_until_they_succeed() -> None:
     assert _metric(registry, "gpu_exporter_bridge_write_errors_total", reason="server") == 2
 
 
+class WaitRecorder(threading.Event):
+    """The writer's stop event, recording each backoff wait instead of sleeping it (never set)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return False
+
+
 def test_429_is_retried_after_retry_after_and_other_4xx_are_not() -> None:
     def answer(n: int) -> tuple[int, bytes, dict[str, str]]:
         if n == 1:
-            return 429, b"slow down", {"Retry-After": "0"}
+            return 429, b"slow down", {"Retry-After": "3"}
         if n == 2:
             return 204, b"", {}
         return 401, b"unauthorized", {}
 
     registry = CollectorRegistry()
+    stop = WaitRecorder()
     with ScriptedReceiver(answer) as rx:
-        writer = RemoteWriter(rx.url, backoff_min=0.01, metrics=BridgeMetrics(registry))
+        writer = RemoteWriter(rx.url, backoff_min=0.01, metrics=BridgeMetrics(registry), stop=stop)
         assert writer.write(_series("m", [1000])).written == 3
+        assert len(stop.waits) == 1 and 0.8 * 3 <= stop.waits[0] <= 3  # the server's 3 s, not the 10 ms backoff
         refused = writer.write(_series("m", [2000, 3000]))
     assert (refused.written, refused.rejected, refused.requests) == (0, 6, 1)
     assert len(rx.requests) == 3

@@ -149,12 +149,20 @@ def test_gpu_lost_mid_run_then_back() -> None:
         assert gpu(samples, 1).values == {}
         assert gpu(samples, 0).up and gpu(samples, 2).up  # the others go on
         assert backend.healthy()
-        # while backing off, the lost GPU is not asked at all
-        before = sum(sim.calls.values())
+        # while backing off, the lost GPU is not asked at all (and the others still are)
+        asked: list[int | None] = []
+        enter = sim._enter
+
+        def recording(call: str, handle: object = None) -> None:
+            asked.append(getattr(handle, "index", None))
+            enter(call, handle)
+
+        sim._enter = recording  # type: ignore[method-assign]
         clock.now += 1
         backend.read()
-        per_gpu_calls = sum(sim.calls.values()) - before
-        assert per_gpu_calls > 0
+        sim._enter = enter  # type: ignore[method-assign]
+        assert 1 not in asked
+        assert 0 in asked and 2 in asked
         sim.recover(1)
         clock.now += 1
         assert not gpu(backend.read(), 1).up  # still inside the 5 s backoff

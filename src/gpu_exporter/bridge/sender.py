@@ -5,7 +5,7 @@ What is retried and what is not (remote write 1.0, and Prometheus 2.42 as it beh
 * 2xx: written.
 * 5xx and network errors: retried with exponential backoff until they succeed or the bridge stops;
   the MQTT messages stay unacknowledged meanwhile, so nothing is lost and the broker holds the rest.
-* 429: retried like a 5xx, honouring ``Retry-After``.
+* 429: retried like a 5xx, honouring ``Retry-After`` (seconds or an HTTP date), within the backoff cap.
 * Refusals of the samples themselves ("too old sample", "out of bounds", "out of order sample",
   "duplicate sample for timestamp"): never retried as they are. Prometheus fails the whole request for
   one bad sample, and 2.42 answers "too old sample" with a 500, so the body decides, not the status.
@@ -18,6 +18,8 @@ What is retried and what is not (remote write 1.0, and Prometheus 2.42 as it beh
 from __future__ import annotations
 
 import base64
+import datetime
+import email.utils
 import http.client
 import logging
 import random
@@ -251,9 +253,17 @@ class RemoteWriter:
 
 
 def _retry_after(value: str | None) -> float | None:
+    """Seconds to wait from a Retry-After header: delay-seconds or an HTTP date (RFC 9110 10.2.3)."""
     if not value:
         return None
     try:
         return max(0.0, float(value))
     except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
+        when = when.replace(tzinfo=datetime.UTC)
+    return max(0.0, when.timestamp() - time.time())
