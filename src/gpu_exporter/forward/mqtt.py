@@ -301,6 +301,10 @@ class Link:
                 self.state = "down"
                 self._next_attempt = self._clock()
                 return
+            if name == "QoS not supported":  # our last will is QoS 1: a broker of QoS 0 only refuses it
+                self.max_qos = 0
+                self._qos_zero()
+                return
             if name in ("Bad user name or password", "Not authorized"):
                 who = f"user {self.settings.username!r}" if self.settings.username else "anonymous clients"
                 self._fail("auth", f"broker at {self._where()} refused the credentials of {who}: {name}")
@@ -309,12 +313,7 @@ class Link:
             return
         self._limits(props)
         if self.max_qos < 1:
-            self._fail(
-                "qos",
-                f"broker at {self._where()} accepts QoS 0 only (Maximum QoS 0 in CONNACK): at-least-once "
-                "delivery is impossible, so nothing is forwarded and samples stay in the spool; allow QoS 1 "
-                "for this client on the broker",
-            )
+            self._qos_zero()
             return
         if self._attempt and self._last_error:
             self._say(
@@ -331,6 +330,14 @@ class Link:
         info = client.publish(self.will_topic, b"online", qos=1, retain=self.retain_ok)
         self._status_mid = int(info.mid) if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS else None
         self._on_up()
+
+    def _qos_zero(self) -> None:
+        self._fail(
+            "qos",
+            f"broker at {self._where()} accepts QoS 0 only (Maximum QoS 0): at-least-once delivery is "
+            "impossible, so nothing is forwarded and samples stay in the spool; allow QoS 1 for this client "
+            "on the broker (Mosquitto: max_qos)",
+        )
 
     def _limits(self, props: Properties | None) -> None:
         """Keep what an MQTT 5 CONNACK announces (absent properties mean the protocol's defaults)."""
