@@ -3,7 +3,7 @@
 It measures what a test needs to see on the wire: the size of every PUBLISH the client sends, how many
 QoS 1 PUBLISHes are unacknowledged at once (against the broker's Receive Maximum), how many CONNACKs the
 broker sent (one per connection), and it can cut each connection ``cut_after`` seconds after its
-CONNACK (a flapping link). Threads, 127.0.0.1 only, stopped by ``close``.
+CONNACK (a flapping link), or delay what the broker sends (``latency``). Threads, 127.0.0.1 only, stopped by ``close``.
 """
 
 from __future__ import annotations
@@ -54,9 +54,10 @@ class Wire:
 
 
 class Proxy:
-    def __init__(self, upstream_port: int, cut_after: float | None = None) -> None:
+    def __init__(self, upstream_port: int, cut_after: float | None = None, latency: float = 0.0) -> None:
         self.upstream = upstream_port
         self.cut_after = cut_after
+        self.latency = latency  # seconds added to everything the broker sends (a long round trip)
         self.wire = Wire()
         self.blocked = False  # while True, each connection is closed at once (the WAN is cut)
         self._server = socket.socket()
@@ -143,6 +144,8 @@ class Proxy:
                 break
             if not data:
                 break
+            if not upward and self.latency:
+                time.sleep(self.latency)  # before the PUBACKs are counted: the client's view of the window
             buffer += data
             while (packet := _split(buffer)) is not None:
                 first, size, body = packet

@@ -166,6 +166,7 @@ def test_a_broker_that_allows_qos_0_only_is_refused_loudly_and_the_spool_keeps_e
 def test_a_burst_of_backlog_fills_the_window_without_publish_errors(tmp_path: Path, limited: tuple[Broker, Proxy]) -> None:
     """The retained status message has a slot of its own: a full window of batches is never refused."""
     broker, proxy = limited
+    proxy.latency = 0.3  # a WAN round trip: the window fills before the status message's PUBACK is back
     ring = RingBuffer(1024)
     with Collector(broker) as sub:
         proxy.blocked = True
@@ -182,3 +183,5 @@ def test_a_burst_of_backlog_fills_the_window_without_publish_errors(tmp_path: Pa
         finally:
             fwd.stop(5)
     assert metric(registry, "gpu_exporter_forward_publish_errors_total") == 0  # none refused, none lost
+    with proxy.wire.lock:
+        assert proxy.wire.max_inflight == 17  # a full window of batches, and the status message

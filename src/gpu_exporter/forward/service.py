@@ -561,11 +561,12 @@ class Forwarder:
             self.metrics.refused.inc()
             # Not authorized, quota exceeded, topic invalid...: the same batch at once would be refused
             # again. Hold every publish for a while (doubling up to --mqtt.reconnect-max-delay).
-            self._refusals += 1
-            delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
-            self._hold_until = self._clock() + delay
-            self._live.clear()  # the backlog order sends the refused batch first again
             now = self._clock()
+            if now >= self._hold_until:  # the rest of a refused window does not lengthen the wait again
+                self._refusals += 1
+                delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
+                self._hold_until = now + delay
+            self._live.clear()  # the backlog order sends the refused batch first again
             if now - self._error_logged.get(reason, -math.inf) >= _LOG_EVERY:
                 self._error_logged[reason] = now
                 log.warning(
@@ -573,7 +574,7 @@ class Forwarder:
                     entry.first_seq,
                     entry.last_seq,
                     reason,
-                    delay,
+                    self._hold_until - now,
                 )
             return
         self._refusals = 0
