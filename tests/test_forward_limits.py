@@ -127,7 +127,7 @@ def test_a_broker_without_retained_messages_gets_the_batches_and_an_unretained_s
     broker, proxy = limited
     ring = RingBuffer(64)
     with Collector(broker) as sub:
-        fwd, registry = start(tmp_path, broker, proxy, ring)
+        fwd, _ = start(tmp_path, broker, proxy, ring)
         try:
             for seq in range(1, 6):
                 ring.append(make_sample(seq))
@@ -163,7 +163,9 @@ def test_a_broker_that_allows_qos_0_only_is_refused_loudly_and_the_spool_keeps_e
     assert kept | {int(k.rsplit(".", 1)[1]) for k, _ in journal} == {1, 2, 3, 4, 5}  # nothing lost
 
 
-def test_a_burst_of_backlog_fills_the_window_without_publish_errors(tmp_path: Path, limited: tuple[Broker, Proxy]) -> None:
+def test_a_burst_of_backlog_fills_the_window_without_publish_errors(
+    tmp_path: Path, limited: tuple[Broker, Proxy]
+) -> None:
     """The retained status message has a slot of its own: a full window of batches is never refused."""
     broker, proxy = limited
     proxy.latency = 0.3  # a WAN round trip: the window fills before the status message's PUBACK is back
