@@ -187,3 +187,20 @@ def test_a_burst_of_backlog_fills_the_window_without_publish_errors(
     assert metric(registry, "gpu_exporter_forward_publish_errors_total") == 0  # none refused, none lost
     with proxy.wire.lock:
         assert proxy.wire.max_inflight == 17  # a full window of batches, and the status message
+
+
+@pytest.mark.parametrize("limited", ["max_qos 0\n"], indirect=True)
+def test_the_bridge_says_when_the_broker_grants_its_subscription_qos_0_only(
+    limited: tuple[Broker, Proxy], caplog: pytest.LogCaptureFixture
+) -> None:
+    from gpu_exporter.bridge.service import Bridge, BridgeSettings
+
+    broker, _ = limited
+    settings = BridgeSettings(mqtt_url=broker.url, remote_write_url="http://127.0.0.1:9/api/v1/write")
+    bridge = Bridge(settings, CollectorRegistry())
+    bridge.start()
+    try:
+        assert bridge.wait_connected(10)
+    finally:
+        bridge.stop(5)
+    assert any("granted QoS 0 only" in r.getMessage() for r in caplog.records)
