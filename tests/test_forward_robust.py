@@ -26,7 +26,8 @@ from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.ring import RingBuffer
 
-from .conftest import child_env, exporter_cmd
+from .agent_proc import FAST, Proc
+from .conftest import child_env, exporter_cmd, http_get
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 from .mqtt_proxy import Proxy
 from .test_forward_service import Feeder, make_config, make_sample, metric
@@ -309,3 +310,25 @@ def test_a_spool_database_found_corrupt_while_running_is_moved_aside_and_counted
     again.open()
     assert [(e.first_seq, e.last_seq) for e in again.entries()] == [(61, 63)]  # on disk, in the new one
     again.close()
+
+
+def test_readyz_says_when_forwarding_does_not_work(tmp_path: Path) -> None:
+    broker = Broker(tmp_path / "mosquitto", extra="max_qos 0\n")  # forwarding there is refused
+    broker.start()
+    proc = Proc(tmp_path, *FAST, f"--mqtt.url={broker.url}", f"--spool.dir={tmp_path / 'spool'}")
+    try:
+        with open(proc.log_path, "wb") as log:
+            proc.proc = subprocess.Popen(exporter_cmd(*proc.args), env=child_env(), stdout=log, stderr=log)
+
+        def readyz() -> tuple[int, bytes]:
+            try:
+                status, body, _ = http_get(f"http://127.0.0.1:{proc.port}/readyz", timeout=1)
+            except OSError:
+                return 0, b""
+            return status, body
+
+        assert wait_until(lambda: readyz()[0] == 503 and b"Maximum QoS 0" in readyz()[1], 20), proc.log()
+        assert proc.metric("gpu_exporter_forward_working") == 0
+    finally:
+        proc.stop()
+        broker.stop()

@@ -315,12 +315,9 @@ class Link:
         if self.max_qos < 1:
             self._qos_zero()
             return
-        if self._attempt and self._last_error:
-            self._say(
-                "connected",
-                f"connected to MQTT broker at {self._where()} after {self._attempt} failed attempt(s)",
-                logging.INFO,
-            )
+        if self._last_error:  # a reconnect: said once a minute at most, however often the link flaps
+            after = f" after {self._attempt} failed attempt(s)" if self._attempt else ""
+            self._say("connected", f"connected to MQTT broker at {self._where()}{after}", logging.INFO)
         else:
             log.info("connected to MQTT broker at %s", self._where())
         self.state = "up"
