@@ -5,6 +5,7 @@ Each test ends with "nothing lost" (sequence numbers end to end) or "the loss is
 
 from __future__ import annotations
 
+import io
 import itertools
 import logging
 import os
@@ -332,3 +333,21 @@ def test_readyz_says_when_forwarding_does_not_work(tmp_path: Path) -> None:
     finally:
         proc.stop()
         broker.stop()
+
+
+def test_tail_with_a_password_that_is_not_utf8_says_refused_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from gpu_exporter.forward.tail import main as tail
+
+    broker = Broker(tmp_path / "mosquitto", users={"edge": "right"})
+    broker.start()
+    secret = tmp_path / "password"
+    secret.write_bytes(b"\xff\xfe\x80\n")
+    try:
+        argv = [f"--mqtt.url={broker.url}", "--mqtt.username=edge", f"--mqtt.password-file={secret}", "--timeout=5s"]
+        assert tail(argv, out=io.StringIO()) == 1
+    finally:
+        broker.stop()
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "refused" in err[0], err

@@ -99,14 +99,9 @@ class LinkSettings:
         )
 
 
-def read_password(path: str) -> str:
-    """First line of the password file (re-read at every connection, so a rotated secret is picked up)."""
-    with open(path, encoding="utf-8") as handle:
-        return handle.readline().rstrip("\r\n")
-
-
 def read_password_bytes(path: str) -> bytes:
-    """First line of the password file as bytes: an MQTT password is binary data, UTF-8 or not."""
+    """First line of the password file, as bytes: an MQTT password is binary data, UTF-8 or not (re-read
+    at every connection, so a rotated secret is picked up)."""
     with open(path, "rb") as handle:
         return handle.readline().rstrip(b"\r\n")
 
