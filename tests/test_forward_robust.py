@@ -10,8 +10,10 @@ import itertools
 import logging
 import os
 import signal
+import socket
 import sqlite3
 import subprocess
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -351,3 +353,52 @@ def test_tail_with_a_password_that_is_not_utf8_says_refused_in_one_line(
         broker.stop()
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "refused" in err[0], err
+
+
+def test_a_peer_that_sends_a_packet_over_the_announced_maximum_is_cut_off_and_nothing_is_lost(
+    tmp_path: Path,
+) -> None:
+    """A rogue "broker" on a plain mqtt:// path: CONNACK, then a PUBLISH whose header says 200 MB."""
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(4)
+    server.settimeout(10)
+    port = server.getsockname()[1]
+    sent = {"bytes": 0}
+
+    def rogue() -> None:
+        try:
+            conn, _ = server.accept()
+        except OSError:
+            return
+        with conn:
+            conn.recv(4096)  # the CONNECT
+            conn.sendall(b"\x20\x03\x00\x00\x00")  # CONNACK, success, no properties
+            conn.sendall(b"\x30\x80\x80\x80\x64")  # PUBLISH, remaining length 200 MiB
+            chunk = b"\x00" * 65536
+            try:
+                for _ in range(3200):
+                    conn.sendall(chunk)
+                    sent["bytes"] += len(chunk)
+                    time.sleep(0.01)
+            except OSError:
+                return  # the agent closed the connection
+
+    thread = threading.Thread(target=rogue, daemon=True)
+    thread.start()
+    ring = RingBuffer(64)
+    config = make_config(tmp_path, Broker(tmp_path / "unused"), **{"mqtt.url": f"mqtt://127.0.0.1:{port}"})
+    fwd, registry = run(config, ring)
+    try:
+        for seq in range(1, 6):
+            ring.append(make_sample(seq))
+        assert wait_until(
+            lambda: metric(registry, "gpu_exporter_forward_connect_errors_total", kind="protocol") >= 1, 20
+        )
+        thread.join(20)
+    finally:
+        fwd.stop(5)
+        server.close()
+    assert not thread.is_alive()
+    assert sent["bytes"] < 8 * 1024 * 1024  # cut off early, not after buffering 200 MiB
+    assert spooled(fwd.config.spool_dir) == {1, 2, 3, 4, 5}  # nothing lost

@@ -169,6 +169,18 @@ class Link:
         rc = client.loop(timeout=timeout)
         if rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,) and self._client is client and self.state != "down":
             self._fail("lost", f"connection to broker at {self._where()} lost: {paho.error_string(rc)}")
+            return
+        # paho reads a packet whole, however large its header says it is. A peer that ignores our Maximum
+        # Packet Size (a rogue broker, anything on a plain mqtt:// path) is cut off as soon as the header of
+        # such a packet is in, before the agent buffers it. (paho's own reading state: read defensively.)
+        incoming = getattr(client, "_in_packet", None)
+        size = incoming.get("remaining_length", 0) if isinstance(incoming, dict) else 0
+        if isinstance(size, int) and size > self.settings.max_incoming and self._client is client:
+            self._fail(
+                "protocol",
+                f"broker at {self._where()} sends a packet of {size} bytes, over the {self.settings.max_incoming} "
+                "the agent announced as its Maximum Packet Size; connection closed",
+            )
 
     def wait_hint(self) -> float:
         """Seconds until the next connection attempt (0 when not waiting for one)."""

@@ -175,7 +175,7 @@ class _Metrics:
         for reason in ("max_bytes", "max_age", "corrupt", "disk_full", "too_large"):
             self.dropped_batches.labels(reason)
             self.dropped_samples.labels(reason)
-        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos"):
+        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos", "protocol"):
             self.connect_errors.labels(kind)
 
 
