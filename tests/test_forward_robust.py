@@ -402,3 +402,10 @@ def test_a_peer_that_sends_a_packet_over_the_announced_maximum_is_cut_off_and_no
     assert not thread.is_alive()
     assert sent["bytes"] < 8 * 1024 * 1024  # cut off early, not after buffering 200 MiB
     assert spooled(fwd.config.spool_dir) == {1, 2, 3, 4, 5}  # nothing lost
+
+
+@pytest.mark.parametrize("prefix", ["a/+/b", "gpu#", "x" * 70000, "tab\there"])
+def test_a_topic_prefix_that_cannot_make_a_topic_is_a_usage_error(prefix: str) -> None:
+    with pytest.raises(cfg.ConfigError, match="topic"):
+        cfg.load({"mqtt.url": "mqtt://127.0.0.1:1883", "mqtt.topic-prefix": prefix}, environ={})
+    cfg.load({"mqtt.url": "mqtt://127.0.0.1:1883", "mqtt.topic-prefix": "site-3/gpu-exporter"}, environ={})

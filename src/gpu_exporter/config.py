@@ -841,6 +841,8 @@ def _check_forwarding(config: Config) -> None:
     _check_topic_level("node-name", config.node_name)
     for level in config.mqtt_topic_prefix.split("/"):
         _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
+    if len(f"{config.mqtt_topic_prefix}/{config.node_name}/status".encode()) > 65535:
+        raise ConfigError("--mqtt.topic-prefix: too long for an MQTT topic (65535 bytes with the node name)")
     if config.mqtt_url.startswith("mqtts://"):
         tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
 
@@ -852,7 +854,7 @@ def _check_topic_level(flag: str, level: str, whole: str = "") -> None:
     """Batches go to ``PREFIX/NODE/batch``: each part must be a valid MQTT topic level, or none arrives."""
     value = whole or level
     bad = sorted({c for c in level if c in "/+#\0" or ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F})
-    if not level:
+    if not level and not whole:  # an empty level inside the prefix is valid MQTT; an empty node name is not
         raise ConfigError(f"--{flag}={value!r}: an empty MQTT topic level")
     if bad and not (whole and bad == ["/"]):
         shown = ", ".join(repr(c) for c in bad)
