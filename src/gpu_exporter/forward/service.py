@@ -210,6 +210,7 @@ class Forwarder:
         self.topic = f"{config.mqtt_topic_prefix}/{self.node}/batch"
         self.status_topic = f"{config.mqtt_topic_prefix}/{self.node}/status"
         self.metrics = _Metrics(registry)
+        self.metrics.working.set(1)  # until a check says otherwise (see health)
         self._clock = clock
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
