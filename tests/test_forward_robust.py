@@ -331,7 +331,7 @@ def test_readyz_says_when_forwarding_does_not_work(tmp_path: Path) -> None:
             return status, body
 
         assert wait_until(lambda: readyz()[0] == 503 and b"Maximum QoS 0" in readyz()[1], 20), proc.log()
-        assert proc.metric("gpu_exporter_forward_working") == 0
+        assert wait_until(lambda: proc.metric("gpu_exporter_forward_working") == 0, 5)
     finally:
         proc.stop()
         broker.stop()
