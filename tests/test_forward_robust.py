@@ -80,8 +80,8 @@ def test_a_link_that_dies_after_each_connack_backs_off_logs_once_and_loses_nothi
     # Each gap is the 0.3 s the link held plus the backoff: 0.25-0.5 s, then 0.5-1, 1-2, 2-4 s. Without
     # damping every CONNACK reset the backoff and each gap was 0.3 s plus 0-0.5 s.
     assert gaps[3] > gaps[0] + 1.0, gaps
-    lost = [r for r in caplog.records if r.levelno >= logging.WARNING and " lost: " in r.getMessage()]
-    assert len(lost) == 1, [r.getMessage() for r in lost]  # the same reason, once a minute
+    lost = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING and " lost: " in r.getMessage()]
+    assert lost and len(lost) == len(set(lost)) < len(times), lost  # each reason once a minute, not per attempt
     connected = [r for r in caplog.records if r.levelno >= logging.INFO and "connected to MQTT" in r.getMessage()]
     assert len(connected) <= 2, [r.getMessage() for r in connected]
 
