@@ -160,11 +160,17 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
     sampler = Sampler(backends, ring, config.interval, [exposition.update])
     registry.register(AgentCollector(sampler, ring, backends))
 
+    forwarder: Any = None
+
     def ready() -> tuple[bool, str]:
         if ring.latest() is None:
             return False, "no sample yet"
         if not any(b.healthy() for b in backends):
             return False, "no GPU is answering"
+        if forwarder is not None:
+            forwarding, why = forwarder.health(link=False)
+            if not forwarding:
+                return False, why
         return True, "ready"
 
     try:
@@ -175,7 +181,6 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {config.listen_address}: {reason}", 1)
 
-    forwarder = None
     if getattr(config, "mqtt_url", ""):
         forward = importlib.import_module("gpu_exporter.forward.service")
         extra = attributor.device_values if attributor is not None else None  # per-pod series go too

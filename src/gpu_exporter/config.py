@@ -872,8 +872,33 @@ def _check_forwarding(config: Config) -> None:
         raise ConfigError("TLS files are set but --mqtt.url is not mqtts://")
     if config.mqtt_password_file and not config.mqtt_username:
         raise ConfigError("--mqtt.password-file needs --mqtt.username")
+    _check_topic_level("node-name", config.node_name)
+    for level in config.mqtt_topic_prefix.split("/"):
+        _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
+    if len(f"{config.mqtt_topic_prefix}/{config.node_name}/status".encode()) > 65535:
+        raise ConfigError("--mqtt.topic-prefix: too long for an MQTT topic (65535 bytes with the node name)")
     if config.mqtt_url.startswith("mqtts://"):
         tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
+
+
+MAX_NODE_NAME = 253  # bytes: a Kubernetes node name's limit, far within MQTT's 65535 for a whole topic
+
+
+def _check_topic_level(flag: str, level: str, whole: str = "") -> None:
+    """Batches go to ``PREFIX/NODE/batch``: each part must be a valid MQTT topic level, or none arrives."""
+    value = whole or level
+    bad = sorted({c for c in level if c in "/+#\0" or ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F})
+    if not level and not whole:  # an empty level inside the prefix is valid MQTT; an empty node name is not
+        raise ConfigError(f"--{flag}={value!r}: an empty MQTT topic level")
+    if bad and not (whole and bad == ["/"]):
+        shown = ", ".join(repr(c) for c in bad)
+        raise ConfigError(f"--{flag}={value!r}: cannot be part of an MQTT topic (contains {shown})")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"--{flag}={value!r}: not valid UTF-8, cannot be part of an MQTT topic") from None
+    if flag == "node-name" and size > MAX_NODE_NAME:
+        raise ConfigError(f"--{flag}: {size} bytes long, at most {MAX_NODE_NAME} (it is an MQTT topic level)")
 
 
 def tls_context(config: Config) -> ssl.SSLContext:

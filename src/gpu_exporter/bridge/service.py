@@ -286,6 +286,12 @@ class Bridge:
         if failed:
             log.error("MQTT broker refused the subscription to %s: %s", self.batch_topic, ", ".join(failed))
             return
+        if any(rc.value == 0 for rc in rcs):  # granted QoS 0: a broker limited to Maximum QoS 0
+            log.error(
+                "MQTT broker granted QoS 0 only for %s: a batch lost between broker and bridge is not resent "
+                "(at-least-once needs QoS 1; Mosquitto: max_qos)",
+                self.batch_topic,
+            )
         self._connected.set()
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:

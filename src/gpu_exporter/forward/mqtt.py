@@ -6,24 +6,32 @@ spool is our queue, so each connection starts empty, we publish only while conne
 window no larger than paho's ``max_inflight`` keeps paho from queueing at all.
 
 Errors a user can cause (broker down, wrong password, untrusted certificate) end up as one log line
-each time the error changes, not once per retry; the agent keeps sampling and spooling meanwhile.
+each time the error changes, and the same error at most once a minute; the agent keeps sampling and
+spooling meanwhile. A connection that dies within ``STABLE`` seconds of its CONNACK (a broker that
+disconnects at once, a flapping link) does not reset the reconnect backoff.
+
+MQTT 5 limits announced in CONNACK are kept here (``max_packet``, ``receive_max``, ``retain_ok``, ...)
+and obeyed: the forwarder sizes its packets and its in-flight window by them. The agent announces its
+own Maximum Packet Size in CONNECT, so a broker may not send it anything larger.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
+import math
 import random
 import socket
 import ssl
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 from urllib.parse import urlsplit
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
@@ -31,11 +39,34 @@ from gpu_exporter.config import Config, tls_context
 from gpu_exporter.config import error_reason as _reason
 from gpu_exporter.forward import sendtime
 
-__all__ = ["Link", "LinkSettings", "tls_context"]
+__all__ = ["Link", "LinkSettings", "payload_budget", "publish_size", "tls_context"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
 _FIRST_DELAY = 0.5  # seconds before the first retry; doubles up to the configured cap
+STABLE = 10.0  # seconds a connection must last before a lost connection resets the backoff
+_REPEAT = 60.0  # seconds before the same problem is logged again
+OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
+RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
+
+
+def _varint_len(n: int) -> int:
+    return 1 if n < 128 else 2 if n < 16_384 else 3 if n < 2_097_152 else 4
+
+
+def publish_size(topic: str, payload: int, v5: bool = True) -> int:
+    """Bytes of a QoS 1 PUBLISH packet: fixed header, topic, packet id, properties (MQTT 5: the send-time
+    stamp, at its largest), payload."""
+    rest = 2 + len(topic.encode("utf-8")) + 2 + (sendtime.PACKED_MAX if v5 else 0) + payload
+    return 1 + _varint_len(rest) + rest
+
+
+def payload_budget(topic: str, max_packet: int, v5: bool = True) -> int:
+    """The largest payload whose PUBLISH to ``topic`` fits in ``max_packet`` bytes (0 when none fits)."""
+    budget = max(0, max_packet - publish_size(topic, 0, v5) - 3)  # the length field grows by 3 at most
+    while budget >= 0 and publish_size(topic, budget + 1, v5) <= max_packet:
+        budget += 1  # a few steps at most: hand back what the worst-case length field did not need
+    return budget
 
 
 @dataclass(frozen=True)
@@ -50,6 +81,7 @@ class LinkSettings:
     keepalive: int
     max_delay: float
     window: int  # most batches in flight at once
+    max_incoming: int = OWN_MAX_PACKET  # Maximum Packet Size announced in CONNECT (MQTT 5)
 
     @classmethod
     def from_config(cls, config: Config, client_id: str | None = None, window: int = 16) -> LinkSettings:
@@ -69,10 +101,11 @@ class LinkSettings:
         )
 
 
-def read_password(path: str) -> str:
-    """First line of the password file (re-read at every connection, so a rotated secret is picked up)."""
-    with open(path, encoding="utf-8") as handle:
-        return handle.readline().rstrip("\r\n")
+def read_password_bytes(path: str) -> bytes:
+    """First line of the password file, as bytes: an MQTT password is binary data, UTF-8 or not (re-read
+    at every connection, so a rotated secret is picked up)."""
+    with open(path, "rb") as handle:
+        return handle.readline().rstrip(b"\r\n")
 
 
 class Link:
@@ -100,8 +133,18 @@ class Link:
         self._connect_deadline = 0.0
         self._last_error = ""
         self.error = ""  # the current problem, "" while connected
-        self.error_kind = ""  # unreachable, refused, auth, tls, lost, protocol
+        self.error_kind = ""  # unreachable, refused, auth, tls, lost, protocol, qos
         self.connect_errors = 0
+        self._up_at = -math.inf
+        self._said: dict[str, float] = {}  # message -> when it was last logged
+        # What the broker announced in its last CONNACK (MQTT 5; defaults are the protocol's)
+        self.max_packet = 0  # Maximum Packet Size; 0: no limit announced
+        self.receive_max = RECEIVE_MAXIMUM
+        self.retain_ok = True
+        self.max_qos = 2
+        self.topic_alias_max = 0  # the agent never uses topic aliases, so any value is obeyed
+        self._status_mid: int | None = None  # the status message while its PUBACK is due
+        self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
 
     @property
     def up(self) -> bool:
@@ -112,6 +155,8 @@ class Link:
     def step(self, timeout: float) -> None:
         """Do what is due: a connection attempt, network I/O for up to ``timeout`` seconds."""
         now = self._clock()
+        if self.state == "up" and self._attempt and now - self._up_at >= STABLE:
+            self._attempt = 0  # the connection held: the next loss starts the backoff afresh
         if self.state == "down":
             if now >= self._next_attempt:
                 self._connect()
@@ -126,6 +171,18 @@ class Link:
         rc = client.loop(timeout=timeout)
         if rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,) and self._client is client and self.state != "down":
             self._fail("lost", f"connection to broker at {self._where()} lost: {paho.error_string(rc)}")
+            return
+        # paho reads a packet whole, however large its header says it is. A peer that ignores our Maximum
+        # Packet Size (a rogue broker, anything on a plain mqtt:// path) is cut off as soon as the header of
+        # such a packet is in, before the agent buffers it. (paho's own reading state: read defensively.)
+        incoming = getattr(client, "_in_packet", None)
+        size = incoming.get("remaining_length", 0) if isinstance(incoming, dict) else 0
+        if isinstance(size, int) and size > self.settings.max_incoming and self._client is client:
+            self._fail(
+                "protocol",
+                f"broker at {self._where()} sends a packet of {size} bytes, over the {self.settings.max_incoming} "
+                "the agent announced as its Maximum Packet Size; connection closed",
+            )
 
     def wait_hint(self) -> float:
         """Seconds until the next connection attempt (0 when not waiting for one)."""
@@ -133,15 +190,31 @@ class Link:
             return 0.0
         return max(0.0, self._next_attempt - self._clock())
 
+    @property
+    def v5(self) -> bool:
+        return self.settings.protocol == "5"
+
+    def capacity(self) -> int:
+        """Batches that may be in flight now: our window within the broker's Receive Maximum, less the
+        status message while its PUBACK is due (it has a slot of its own in paho's window)."""
+        return max(0, min(self.settings.window, self.receive_max - (self._status_mid is not None)))
+
+    def fits(self, topic: str, payload: int) -> bool:
+        """Whether a PUBLISH of ``payload`` bytes to ``topic`` is within the broker's Maximum Packet Size."""
+        return not self.max_packet or publish_size(topic, payload, self.v5) <= self.max_packet
+
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> int | None:
-        """Publish at QoS 1; the message id, or None when the client refused (not connected)."""
+        """Publish at QoS 1; the message id, or None when the client refused (``refused_publish`` says why)."""
         client = self._client
+        self.refused_publish = ""
         if client is None or self.state != "up":
+            self.refused_publish = "not connected"
             return None
         # MQTT 5: stamped with the send time here, at publish (forward/sendtime.py)
-        props = sendtime.properties() if self.settings.protocol == "5" else None
-        info = client.publish(topic, payload, qos=1, retain=retain, properties=props)
+        props = sendtime.properties() if self.v5 else None
+        info = client.publish(topic, payload, qos=1, retain=retain and self.retain_ok, properties=props)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+            self.refused_publish = "queue full" if info.rc == MQTTErrorCode.MQTT_ERR_QUEUE_SIZE else "refused"
             log.debug("publish refused by the client: %s", paho.error_string(info.rc))
             return None
         return int(info.mid)
@@ -154,7 +227,7 @@ class Link:
         if self.state == "up":
             self.state = "closing"  # our own DISCONNECT is no lost connection
             if status is not None:
-                client.publish(self.will_topic, status, qos=1, retain=True)
+                client.publish(self.will_topic, status, qos=1, retain=self.retain_ok)
             client.disconnect()
             deadline = self._clock() + flush
             while self._client is client and self._clock() < deadline:
@@ -178,19 +251,19 @@ class Link:
             clean_session=None if v5 else True,
             reconnect_on_failure=False,
         )
-        client.max_inflight_messages_set(s.window)
-        client.max_queued_messages_set(s.window)
+        client.max_inflight_messages_set(s.window + 1)  # + the status message: it takes no batch's slot
+        client.max_queued_messages_set(s.window + 1)
         client.connect_timeout = 5.0
-        client.will_set(self.will_topic, b"offline", qos=1, retain=True)
+        client.will_set(self.will_topic, b"offline", qos=1, retain=self.retain_ok)
         if s.username:
             password = None
             if s.password_file:
                 try:
-                    password = read_password(s.password_file)
+                    password = read_password_bytes(s.password_file)
                 except OSError as exc:
                     self._fail("auth", f"cannot read --mqtt.password-file={s.password_file}: {_reason(exc)}")
                     return
-            client.username_pw_set(s.username, password)
+            client.username_pw_set(s.username, cast(str, password))  # paho sends bytes as they are
         if s.tls is not None:
             client.tls_set_context(s.tls)
         client.on_connect = self._connected
@@ -199,8 +272,12 @@ class Link:
         self._client = client
         self.state = "connecting"
         self._connect_deadline = self._clock() + 15.0
+        props = None
+        if v5:
+            props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+            props.MaximumPacketSize = s.max_incoming
         try:
-            client.connect(s.host, s.port, keepalive=s.keepalive, clean_start=True if v5 else 3)
+            client.connect(s.host, s.port, keepalive=s.keepalive, clean_start=True if v5 else 3, properties=props)
         except ssl.SSLCertVerificationError as exc:
             self._fail(
                 "tls",
@@ -225,23 +302,73 @@ class Link:
             return
         if reason.is_failure:
             name = reason.getName()
+            if name == "Retain not supported" and self.retain_ok:
+                # Our last will is retained; a broker without retained messages refuses such a CONNECT.
+                log.warning(
+                    "broker at %s has no retained messages; the status message will not be retained", self._where()
+                )
+                self.retain_ok = False
+                self._drop_client()
+                self.state = "down"
+                self._next_attempt = self._clock()
+                return
+            if name == "QoS not supported":  # our last will is QoS 1: a broker of QoS 0 only refuses it
+                self.max_qos = 0
+                self._qos_zero()
+                return
             if name in ("Bad user name or password", "Not authorized"):
                 who = f"user {self.settings.username!r}" if self.settings.username else "anonymous clients"
                 self._fail("auth", f"broker at {self._where()} refused the credentials of {who}: {name}")
             else:
                 self._fail("refused", f"broker at {self._where()} refused the connection: {name}")
             return
-        if self._last_error:
-            log.info("connected to MQTT broker at %s after %d failed attempt(s)", self._where(), self._attempt)
+        self._limits(props)
+        if self.max_qos < 1:
+            self._qos_zero()
+            return
+        if self._last_error:  # a reconnect: said once a minute at most, however often the link flaps
+            after = f" after {self._attempt} failed attempt(s)" if self._attempt else ""
+            self._say("connected", f"connected to MQTT broker at {self._where()}{after}", logging.INFO)
         else:
             log.info("connected to MQTT broker at %s", self._where())
         self.state = "up"
-        self._attempt = 0
-        self._last_error = ""
+        self._up_at = self._clock()
         self.error = ""
         self.error_kind = ""
-        client.publish(self.will_topic, b"online", qos=1, retain=True)
+        info = client.publish(self.will_topic, b"online", qos=1, retain=self.retain_ok)
+        self._status_mid = int(info.mid) if info.rc == MQTTErrorCode.MQTT_ERR_SUCCESS else None
         self._on_up()
+
+    def _qos_zero(self) -> None:
+        self._fail(
+            "qos",
+            f"broker at {self._where()} accepts QoS 0 only (Maximum QoS 0): at-least-once delivery is "
+            "impossible, so nothing is forwarded and samples stay in the spool; allow QoS 1 for this client "
+            "on the broker (Mosquitto: max_qos)",
+        )
+
+    def _limits(self, props: Properties | None) -> None:
+        """Keep what an MQTT 5 CONNACK announces (absent properties mean the protocol's defaults)."""
+
+        def get(name: str, default: int) -> int:
+            value = getattr(props, name, None) if props is not None else None
+            return int(value) if value is not None else default
+
+        before = (self.max_packet, self.receive_max, self.retain_ok, self.max_qos)
+        self.max_packet = get("MaximumPacketSize", 0)
+        self.receive_max = max(1, get("ReceiveMaximum", RECEIVE_MAXIMUM))
+        self.retain_ok = self.retain_ok and bool(get("RetainAvailable", 1))
+        self.max_qos = get("MaximumQoS", 2)
+        self.topic_alias_max = get("TopicAliasMaximum", 0)
+        if (self.max_packet, self.receive_max, self.retain_ok, self.max_qos) != before:
+            log.info(
+                "broker at %s limits: Maximum Packet Size %s, Receive Maximum %d, Maximum QoS %d, retain %s",
+                self._where(),
+                self.max_packet or "none",
+                self.receive_max,
+                self.max_qos,
+                "available" if self.retain_ok else "not available",
+            )
 
     def _disconnected(
         self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Properties | None
@@ -256,26 +383,43 @@ class Link:
     ) -> None:
         if client is not self._client:
             return
+        if mid == self._status_mid:
+            self._status_mid = None
+            return
         failed = isinstance(reason, ReasonCode) and reason.is_failure
         self._on_ack(mid, not failed, reason.getName() if failed else "")
 
+    def _say(self, key: str, message: str, level: int = logging.WARNING) -> None:
+        """Log ``message`` unless the same ``key`` was logged less than a minute ago (then at debug)."""
+        now = self._clock()
+        if now - self._said.get(key, -math.inf) >= _REPEAT:
+            self._said[key] = now
+            log.log(level, "%s", message)
+        else:
+            log.debug("%s (again)", message)
+
     def _fail(self, kind: str, message: str) -> None:
         was_up = self.state == "up"
+        now = self._clock()
         self._drop_client()
         self.state = "down"
+        self._status_mid = None
         self.connect_errors += 0 if was_up else 1
         self.error = message
         self.error_kind = kind
-        if message != self._last_error:
-            log.warning("%s; retrying with backoff while samples are spooled", message)
-        else:
-            log.debug("%s (again)", message)
+        self._say(message, f"{message}; retrying with backoff while samples are spooled")
         self._last_error = message
-        self._attempt += 1
+        stable = was_up and now - self._up_at >= STABLE
+        self._attempt = 0 if stable else self._attempt + 1
         cap = self.settings.max_delay
-        delay = min(cap, _FIRST_DELAY * 2 ** min(self._attempt - 1, 20))
-        delay = random.uniform(delay / 2, delay) if not was_up else random.uniform(0, min(cap, _FIRST_DELAY))
-        self._next_attempt = self._clock() + delay
+        if stable:  # a connection that held: reconnect at once (with a little jitter)
+            delay = random.uniform(0, min(cap, _FIRST_DELAY))
+        else:  # nothing yet, or a connection that died soon after CONNACK: back off, doubling
+            delay = min(cap, _FIRST_DELAY * 2 ** min(self._attempt - 1, 20))
+            delay = random.uniform(delay / 2, delay)
+        if kind == "qos":
+            delay = cap  # a broker setting: it will not change in a second
+        self._next_attempt = now + delay
         self._on_down(message)
 
     def _drop_client(self) -> None:

@@ -22,7 +22,7 @@ import time
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-__all__ = ["EXPIRY_S", "SENT", "properties"]
+__all__ = ["EXPIRY_S", "PACKED_MAX", "SENT", "properties"]
 
 SENT = "sent"
 EXPIRY_S = 10 * 365 * 86400
@@ -34,3 +34,8 @@ def properties(now: float | None = None) -> Properties:
     props.UserProperty = [(SENT, str(time.time_ns() // 1_000_000 if now is None else round(now * 1000)))]
     props.MessageExpiryInterval = EXPIRY_S
     return props
+
+
+# Bytes the stamp adds to a PUBLISH, its length field included, for a send time of up to 14 digits (the
+# year 5138): what forward/mqtt.py counts against the broker's Maximum Packet Size.
+PACKED_MAX = len(properties(now=99_999_999_999.999).pack())  # type: ignore[no-untyped-call]

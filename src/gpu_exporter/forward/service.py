@@ -11,6 +11,13 @@ closed batch doubles the next one's time span (up to 16x ``--mqtt.batch-interval
 leaves fewer, larger batches. While connected, a sample with news an alert waits for (a GPU lost or back,
 an XID, an uncorrectable memory error: ``EVENT_KEYS``) closes its batch at once instead of at the end of
 the interval.
+
+The broker's MQTT 5 limits are obeyed (see ``Link``): a spooled batch whose PUBLISH would pass the
+broker's Maximum Packet Size is split into batches that fit before it is sent, and a single sample that
+cannot fit is dropped and counted (``too_large``); the in-flight window never passes Receive Maximum.
+An unexpected error in a loop turn does not end the thread: it is logged (once a minute), counted, and
+the turn is retried after a backoff, with a fresh connection; ``health`` says when forwarding is not
+working (for /readyz).
 """
 
 from __future__ import annotations
@@ -28,7 +35,7 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpu_exporter import catalog
 from gpu_exporter.config import Config
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
-from gpu_exporter.forward.mqtt import Link, LinkSettings
+from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
@@ -41,6 +48,8 @@ MAX_GROWTH = 16  # batch span multiplier reached during a long outage
 WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same)
 _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
+_GRACE = 120.0  # seconds without a broker connection before forwarding counts as not working
+_LOG_EVERY = 60.0
 
 
 _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
@@ -147,10 +156,26 @@ class _Metrics:
             "Spooled batches waiting to be replayed after an outage.",
             registry=r,
         )
-        for reason in ("max_bytes", "max_age", "corrupt", "disk_full"):
+        self.internal_errors = Counter(
+            p + "internal_errors",
+            "Unexpected errors in the forwarder thread (each one retried after a backoff).",
+            registry=r,
+        )
+        self.working = Gauge(
+            p + "working",
+            "1 while forwarding works; 0 when the forwarder fails, the broker refuses it, or it has been "
+            "disconnected for over 2 minutes (samples wait in the spool meanwhile).",
+            registry=r,
+        )
+        self.refused = Counter(
+            p + "refused_publishes",
+            "Batches the broker refused with an MQTT 5 reason code (resent after a backoff).",
+            registry=r,
+        )
+        for reason in ("max_bytes", "max_age", "corrupt", "disk_full", "too_large"):
             self.dropped_batches.labels(reason)
             self.dropped_samples.labels(reason)
-        for kind in ("unreachable", "refused", "auth", "tls", "lost"):
+        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos", "protocol"):
             self.connect_errors.labels(kind)
 
 
@@ -185,6 +210,7 @@ class Forwarder:
         self.topic = f"{config.mqtt_topic_prefix}/{self.node}/batch"
         self.status_topic = f"{config.mqtt_topic_prefix}/{self.node}/status"
         self.metrics = _Metrics(registry)
+        self.metrics.working.set(1)  # until a check says otherwise (see health)
         self._clock = clock
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
@@ -203,6 +229,13 @@ class Forwarder:
         self._tokens_at = clock()
         self._housekept = 0.0
         self._drop_logged: dict[str, float] = {}
+        self._hold_until = -math.inf  # no publishing before this (the broker refused a batch)
+        self._refusals = 0  # refusals in a row, for the backoff
+        self._failures = 0  # unexpected errors in a row
+        self._failed = ""  # the last unexpected error while it lasts, "" after a clean turn
+        self._error_logged: dict[str, float] = {}
+        self._down_since: float | None = clock()
+        self._too_large_logged = False
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
 
     # ------------------------------------------------------------------------------------- lifecycle
@@ -225,11 +258,58 @@ class Forwarder:
         self.ready.set()
         try:
             while not self._stop.is_set():
-                self._turn()
-        except Exception:
-            log.exception("forwarder stopped by an unexpected error; samples are no longer forwarded")
+                try:
+                    self._turn()
+                except Exception as exc:  # contained: logged, counted, retried after a backoff
+                    self._contain(exc)
+                else:
+                    if self._failed:
+                        log.warning("forwarder works again after %d failed turn(s)", self._failures)
+                    self._failures = 0
+                    self._failed = ""
         finally:
-            self._shutdown()
+            try:
+                self._shutdown()
+            except Exception:
+                log.exception("forwarder shutdown failed; unsent samples stay journaled in the spool")
+
+    def _contain(self, exc: Exception) -> None:
+        """An unexpected error in a turn: one log line a minute per error, a count, a fresh connection,
+        and a backoff (0.5 s doubling up to --mqtt.reconnect-max-delay) before the next turn."""
+        self._failures += 1
+        self._failed = f"{type(exc).__name__}: {exc}"
+        self.metrics.internal_errors.inc()
+        self.metrics.working.set(0)
+        now = self._clock()
+        if now - self._error_logged.get(self._failed, -math.inf) >= _LOG_EVERY:
+            self._error_logged[self._failed] = now
+            log.error(
+                "forwarder error (retrying with backoff; samples are journaled meanwhile): %s",
+                self._failed,
+                exc_info=exc,
+            )
+        try:
+            self.link.close()
+        except Exception:
+            self.link = Link(self.link.settings, self.status_topic, self._acked, self._up, self._down)
+        self._down("")
+        delay = min(self.config.mqtt_reconnect_max_delay, 0.5 * 2 ** min(self._failures - 1, 10))
+        self._stop.wait(delay)
+
+    def health(self, link: bool = True) -> tuple[bool, str]:
+        """Whether forwarding works, and why not (``gpu_exporter_forward_working``). ``link=False`` leaves out
+        an unreachable broker: a WAN outage is what the spool is for, so /readyz does not fail on it (a
+        pod that is not ready leaves its Service, and local scrapes would stop when they matter most)."""
+        if self._thread is not None and not self._thread.is_alive() and not self._stop.is_set():
+            return False, "forwarder thread stopped"
+        if self._failed:
+            return False, f"forwarder failing: {self._failed}"
+        if self.link.error_kind == "qos":
+            return False, f"forwarding refused: {self.link.error}"
+        down = self._down_since
+        if link and down is not None and self._clock() - down >= _GRACE:
+            return False, f"not connected to the MQTT broker for {self._clock() - down:.0f}s: {self.link.error}"
+        return True, "forwarding"
 
     def _turn(self) -> None:
         self._take()
@@ -247,6 +327,10 @@ class Forwarder:
 
     def _shutdown(self) -> None:
         try:
+            try:
+                self._take()  # the samples taken since the last turn, the very last one included
+            except Exception:
+                log.exception("forwarder: could not take the last samples")
             if self._open.samples:
                 self._close_batch()
             deadline = self._clock() + 2.0
@@ -318,17 +402,36 @@ class Forwarder:
         else:
             self._live.extend(entries)
 
-    def _store(self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "") -> list[Entry]:
-        """Encode (splitting what exceeds --mqtt.batch-max-bytes) and spool; journal keys go with it."""
+    def _limit(self) -> int:
+        """Largest payload to spool: --mqtt.batch-max-bytes, within the broker's Maximum Packet Size."""
+        limit = self.config.mqtt_batch_max_bytes
+        if self.link.max_packet:
+            limit = min(limit, payload_budget(self.topic, self.link.max_packet, self.link.v5))
+        return limit
+
+    def _store(
+        self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "", limit: int = 0
+    ) -> list[Entry]:
+        """Encode (splitting what exceeds ``limit``, by default ``_limit()``) and spool; journal keys go with it.
+
+        A single sample over the broker's Maximum Packet Size can never be sent: it is dropped, counted as
+        ``too_large``. (Over --mqtt.batch-max-bytes alone, a soft cap, it is spooled and sent as it is.)
+        """
+        limit = limit or self._limit()
         data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))  # prepared in _take
         devices = sum(max(1, len(s.devices)) for s in samples)
         self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
-        if len(data) > self.config.mqtt_batch_max_bytes and len(samples) > 1:
+        if len(data) > limit and len(samples) > 1:
             half = len(samples) // 2
             cut = samples[half - 1].seq  # each half takes the journal keys of its own samples
             mine = {key for key in journal if int(key.rsplit(".", 1)[1]) <= cut}  # j.<boot>.<seq>
-            first = self._store(samples[:half], sorted(mine), node, boot)
-            return first + self._store(samples[half:], [key for key in journal if key not in mine], node, boot)
+            first = self._store(samples[:half], sorted(mine), node, boot, limit)
+            rest = [key for key in journal if key not in mine]
+            return first + self._store(samples[half:], rest, node, boot, limit)
+        if self.link.up and not self.link.fits(self.topic, len(data)):  # by the limit of this connection
+            self._too_large(samples[0], len(data))
+            self.spool.forget_journal(journal)
+            return []
         before = self.spool.write_errors
         entry = self.spool.put(data, samples[0].seq, samples[-1].seq, len(samples), journal)
         if self.spool.write_errors != before:
@@ -359,7 +462,7 @@ class Forwarder:
     # ------------------------------------------------------------------------------------- sending
 
     def _sendable(self) -> bool:
-        if not self.link.up or len(self._inflight) >= WINDOW:
+        if not self.link.up or len(self._inflight) >= self.link.capacity() or self._clock() < self._hold_until:
             return False
         return bool(self._live) or (len(self.spool) > len(self._inflight) and self._tokens >= 1)
 
@@ -370,7 +473,9 @@ class Forwarder:
         self._tokens_at = now
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         live = {e.key for e in self._live}
-        while self.link.up and len(self._inflight) < WINDOW:
+        if now < self._hold_until:
+            return  # the broker refused a batch: wait before trying again
+        while self.link.up and len(self._inflight) < self.link.capacity():
             if self._live:
                 entry = self._live.popleft()
                 live.discard(entry.key)
@@ -392,12 +497,54 @@ class Forwarder:
             except PayloadError as exc:
                 self.spool.quarantine(entry, data, str(exc))
                 continue
+            if not self.link.fits(self.topic, len(data)):
+                self._live.extendleft(reversed(self._resplit(entry, data)))  # the parts go next
+                live = {e.key for e in self._live}
+                continue
             mid = self.link.publish(self.topic, data)
             if mid is None:
-                self.metrics.publish_errors.inc()
+                if self.link.refused_publish != "queue full":  # a full queue is retried, not an error
+                    self.metrics.publish_errors.inc()
                 break
             self._inflight[mid] = entry
             inflight.add(entry.key)
+
+    def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
+        """A spooled batch over the broker's Maximum Packet Size: spool it again as parts that fit
+        (written before the original goes, so that a crash in between repeats samples, never loses them)."""
+        try:
+            batch = decode(data)
+        except PayloadError as exc:
+            self.spool.quarantine(entry, data, str(exc))
+            return []
+        parts = self._store(list(batch.samples), [], batch.node, batch.boot)
+        self.spool.remove(entry)
+        log.info(
+            "batch %d-%d (%d bytes) is over the broker's Maximum Packet Size (%d bytes): sent as %d part(s)",
+            entry.first_seq,
+            entry.last_seq,
+            entry.size,
+            self.link.max_packet,
+            len(parts),
+        )
+        return parts
+
+    def _too_large(self, sample: Sample, size: int) -> None:
+        self._dropped("too_large", 1, 1)
+        if not self._too_large_logged:
+            self._too_large_logged = True
+            need = self.link.max_packet - payload_budget(self.topic, self.link.max_packet, self.link.v5) + size
+            log.error(
+                "a sample of %d devices takes %d bytes as a PUBLISH of %d bytes, over the broker's Maximum "
+                "Packet Size of %d bytes: dropped (gpu_exporter_forward_dropped_samples_total"
+                '{reason="too_large"}); raise the broker\'s maximum packet size (Mosquitto: max_packet_size) '
+                "to at least %d",
+                len(sample.devices),
+                size,
+                need,
+                self.link.max_packet,
+                need,
+            )
 
     def _next_backlog(self, exclude: set[str]) -> Entry | None:
         for entry in self.spool.entries_view():
@@ -414,8 +561,26 @@ class Forwarder:
         self.spool.pinned.discard(entry.key)
         if not ok:
             self.metrics.publish_errors.inc()
-            log.warning("broker refused batch %d-%d: %s", entry.first_seq, entry.last_seq, reason)
+            self.metrics.refused.inc()
+            # Not authorized, quota exceeded, topic invalid...: the same batch at once would be refused
+            # again. Hold every publish for a while (doubling up to --mqtt.reconnect-max-delay).
+            now = self._clock()
+            if now >= self._hold_until:  # the rest of a refused window does not lengthen the wait again
+                self._refusals += 1
+                delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
+                self._hold_until = now + delay
+            self._live.clear()  # the backlog order sends the refused batch first again
+            if now - self._error_logged.get(reason, -math.inf) >= _LOG_EVERY:
+                self._error_logged[reason] = now
+                log.warning(
+                    "broker refused batch %d-%d: %s; retrying in %.1fs (then with backoff, kept in the spool)",
+                    entry.first_seq,
+                    entry.last_seq,
+                    reason,
+                    self._hold_until - now,
+                )
             return
+        self._refusals = 0
         self.spool.remove(entry)
         self.metrics.batches.inc()
         self.metrics.samples.inc(entry.samples)
@@ -423,6 +588,7 @@ class Forwarder:
 
     def _up(self) -> None:
         self.metrics.connected.set(1)
+        self._down_since = None
         self._growth = 1
         self._live.clear()
         if self._open.samples:
@@ -436,7 +602,10 @@ class Forwarder:
 
     def _down(self, message: str) -> None:
         self.metrics.connected.set(0)
-        self.metrics.connect_errors.labels(self.link.error_kind or "lost").inc()
+        if self._down_since is None:
+            self._down_since = self._clock()
+        if message:
+            self.metrics.connect_errors.labels(self.link.error_kind or "lost").inc()
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
@@ -466,3 +635,9 @@ class Forwarder:
         m.spool_oldest.set(self.spool.oldest_age())
         m.backlog.set(max(0, len(self.spool) - len(self._live) - len(self._inflight)))
         m.connected.set(1 if self.link.up else 0)
+        m.working.set(1 if self.health()[0] else 0)
+        if not self.spool.on_disk:
+            journal = self.spool.retry_open()  # a spool directory that became usable after the start
+            if journal is not None:
+                log.warning("spool in %s is usable now; batches held in memory are written to it", self.spool.directory)
+                self._recover(journal)

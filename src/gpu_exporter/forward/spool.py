@@ -19,6 +19,11 @@ written to it and the deletes it refused meanwhile (acknowledged or dropped batc
 restart neither loses the former nor sends the latter again. What is still held in memory at ``close``
 is counted as ``disk_full`` too. A full disk is not a corrupt database: it is never moved aside.
 
+A spool that could not be opened at start (a directory not yet mounted or writable) is retried by
+``retry_open``: once it opens, the batches held in memory go to disk. A database found corrupt while
+running (SQLite says so on a write) is moved aside like one found at start, its batches on disk are
+counted as ``corrupt``, and a fresh database takes over.
+
 The spool never takes the last free space of its filesystem: SQLite needs some to delete a row (the WAL
 grows) and to checkpoint (the database file grows), so a spool that filled its disk could neither store
 nor forget a batch until restarted. Before each write, and each time ``expire`` runs, it reads the free
@@ -63,6 +68,9 @@ _RESERVE_SHARE = 100
 _RESERVE_MIN = 1024 * 1024
 _RESERVE_MAX = 32 * 1024 * 1024
 _WAL_PAGES = 128
+# Counters of batches kept in memory because the spool could not be opened start here, above those of any
+# earlier run's batches, so that both fit in one index once the spool opens (see retry_open).
+_MEMORY_BASE = 10**11
 _SETTINGS: dict[str, Any] = {
     "eviction_policy": "none",  # the caps are enforced here, counted, oldest first
     "size_limit": 2**62,
@@ -292,9 +300,12 @@ class Spool:
                     self._bytes += entry.size
                     self._counter = entry.counter
         except _DISK_ERRORS as exc:
-            self._index, self._bytes, self._counter = _Index(), 0, 0
+            self._index, self._bytes, self._counter = _Index(), 0, _MEMORY_BASE
             self._disk_failed("open", exc)
-            self.close()
+            if self._cache is not None:  # only the cache: batches held in memory stay (see retry_open)
+                with contextlib.suppress(Exception):
+                    self._cache.close()
+                self._cache = None
             return []
         journal: list[tuple[str, bytes]] = []
         for key in others:
@@ -323,6 +334,37 @@ class Spool:
                 self._index.append(entry)
                 self._bytes += entry.size
                 self._counter = entry.counter
+        return journal
+
+    @property
+    def on_disk(self) -> bool:
+        """False while the spool keeps everything in memory because it could not be opened."""
+        return self._cache is not None
+
+    def retry_open(self) -> list[tuple[str, bytes]] | None:
+        """Open a spool that could not be opened before; the journal left by an earlier run, or None when
+        it still cannot be opened. Batches held in memory meanwhile are written to it."""
+        if self._cache is not None:
+            return None
+        index, size, counter = self._index, self._bytes, self._counter
+        self._index, self._bytes, self._counter = _Index(), 0, 0
+        quiet, self._refusing = self._refusing, True  # a failure again is no news: no new log line
+        journal = self.open()
+        self._refusing = quiet
+        held = list(index)
+        if self._cache is not None and held and self._counter >= held[0].counter:
+            log.error("spool in %s holds batches numbered like those in memory; not merged", self.directory)
+            self._cache.close()
+            self._cache = None
+        if self._cache is None:
+            self._index, self._bytes, self._counter = index, size, counter
+            return None
+        for entry in held:
+            self._index.append(entry)
+        self._bytes += size
+        self._counter = max(self._counter, counter)
+        self._disk_ok()
+        self._catch_up(limit=None)
         return journal
 
     def _open_cache(self) -> diskcache.Cache:
@@ -671,8 +713,44 @@ class Spool:
         except OSError as exc:
             log.warning("spool: cannot keep corrupt entry %s aside: %s", name, exc)
 
+    def _corrupt_now(self, exc: sqlite3.DatabaseError) -> None:
+        """The database turned out corrupt while running: move it aside, count what it held, start afresh."""
+        assert self._cache is not None
+        with contextlib.suppress(Exception):
+            self._cache.close()
+        self._cache = None
+        aside = os.path.join(self.directory, "corrupt", f"db-{int(self._clock() * 1000)}")
+        try:
+            os.makedirs(aside, exist_ok=True)
+            for name in os.listdir(self.directory):
+                if name.startswith("cache.db"):
+                    os.replace(os.path.join(self.directory, name), os.path.join(aside, name))
+            self._cache = diskcache.Cache(self.directory, disk=_Disk, **_SETTINGS)
+        except _DISK_ERRORS as again:
+            log.error("spool: cannot replace the corrupt database in %s: %s", self.directory, again)
+            self._cache = None
+        lost = [e for e in self.entries() if e.key not in self._memory and e.key not in self.pinned]
+        for entry in lost:
+            self._index.remove(entry)
+            self._bytes -= entry.size
+        self._unreleased.clear()
+        log.error(
+            "spool database in %s is corrupt (%s); moved to %s, %d batches on it lost, starting a new one",
+            self.directory,
+            exc,
+            aside,
+            len(lost),
+        )
+        self._on_drop("corrupt", len(lost), sum(e.samples for e in lost))
+
     def _disk_failed(self, op: str, exc: BaseException) -> None:
-        """Count a refused write; one log line when the disk starts refusing, then one a minute at most."""
+        """Count a refused write; one log line when the disk starts refusing, then one a minute at most.
+
+        A corrupt database is no refusing disk: it is moved aside (``_corrupt_now``), not counted here.
+        """
+        if isinstance(exc, sqlite3.DatabaseError) and _is_corrupt(exc) and self._cache is not None:
+            self._corrupt_now(exc)
+            return
         self.write_errors += 1
         self.disk_error = f"{op}: {exc}"
         now = time.monotonic()

@@ -15,7 +15,7 @@ import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from types import FrameType
-from typing import Any, TextIO
+from typing import Any, TextIO, cast
 
 import paho.mqtt.client as paho
 from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
@@ -23,7 +23,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
 from gpu_exporter.forward.batch import Batch, PayloadError, decode
-from gpu_exporter.forward.mqtt import LinkSettings, read_password
+from gpu_exporter.forward.mqtt import LinkSettings, read_password_bytes
 from gpu_exporter.units import parse_duration
 
 __all__ = ["lines", "main"]
@@ -123,10 +123,10 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
     )
     if settings.username:
         try:
-            password = read_password(settings.password_file) if settings.password_file else None
+            password = read_password_bytes(settings.password_file) if settings.password_file else None
         except OSError as exc:
             return _fail(f"cannot read --mqtt.password-file: {exc.strerror}", 2)
-        client.username_pw_set(settings.username, password)
+        client.username_pw_set(settings.username, cast(str, password))  # bytes are sent as they are
     if settings.tls is not None:
         client.tls_set_context(settings.tls)
 
