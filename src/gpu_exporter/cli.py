@@ -33,6 +33,7 @@ PROG = "gpu-exporter"
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tail": ("gpu_exporter.forward.tail:main", "print the decoded samples arriving on an MQTT broker"),
     "bridge": ("gpu_exporter.bridge.cli:main", "cloud side: MQTT to Prometheus remote write"),
+    "doctor": ("gpu_exporter.doctor:main", "check this node: GPU libraries, devices, mounts, spool, broker"),
 }
 
 
