@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_exporter import __version__
 from gpu_exporter import config as cfg
+from gpu_exporter.commands import agent_option
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -49,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    cfg.add_arguments(parser)
+    cfg.add_arguments(parser, include=agent_option)
     return parser
 
 

@@ -743,8 +743,9 @@ def env_name(option_name: str) -> str:
     return ENV_PREFIX + re.sub(r"[.\-]", "_", option_name).upper()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every option as a flag; defaults are SUPPRESSed so that we see what was given."""
+def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool] | None = None) -> None:
+    """Declare the options (those ``include`` accepts by name) as flags; defaults are SUPPRESSed so that
+    we see what was given."""
     parser.add_argument(
         "--config.file",
         dest="config.file",
@@ -753,6 +754,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"YAML file with any of these options (env {env_name('config.file')})",
     )
     for opt in OPTIONS:
+        if include is not None and not include(opt.name):
+            continue
         default = getattr(Config(), opt.field)
         if isinstance(default, float) and opt.metavar == "DURATION":
             default = format_duration(default)

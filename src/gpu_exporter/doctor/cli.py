@@ -13,6 +13,7 @@ from collections.abc import Sequence
 
 from gpu_exporter import __version__
 from gpu_exporter import config as cfg
+from gpu_exporter.commands import agent_option
 from gpu_exporter.doctor import broker
 from gpu_exporter.doctor.checks import CHECKS, FAIL, Check, Node, Result
 
@@ -32,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--output", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--path.dev", dest="path_dev", default="/dev", metavar="PATH", help="device directory")
-    cfg.add_arguments(parser)
+    cfg.add_arguments(parser, include=agent_option)
     return parser
 
 
