@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import socket
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -171,5 +172,39 @@ def test_fifty_quick_connects_all_complete_while_the_server_is_busy() -> None:
         assert completed == 50
     finally:
         for conn in conns:
+            conn.close()
+        srv.stop()
+
+
+def test_with_every_slot_busy_a_newcomer_gets_a_quick_503_and_is_counted() -> None:
+    from gpu_exporter.web.server import Site, WebServer
+
+    release = threading.Event()
+
+    def slow_page(accept_gzip: bool) -> bytes:
+        release.wait(20)  # a page still being produced: both slots stay busy answering
+        return b"page\n"
+
+    srv = WebServer("127.0.0.1:0", Site("/metrics", slow_page, lambda: (True, "")), limits=Limits(max_connections=2))
+    srv.start()
+    busy = []
+    try:
+        for _ in range(2):
+            conn = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            busy.append(conn)
+        assert wait_until(lambda: srv.stats.accepted == 2 and not any(c.waiting for c in srv._conns.values()), 10)
+        with socket.create_connection(("127.0.0.1", srv.port), timeout=5) as late:
+            late.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")
+            data, closed = _read_until_closed(late, 5)
+        assert data.startswith(b"HTTP/1.1 503") and closed
+        assert srv.stats.rejected == 1
+        release.set()
+        for conn in busy:
+            data, _ = _read_until_closed(conn, 3)
+            assert data.startswith(b"HTTP/1.1 200")
+    finally:
+        release.set()
+        for conn in busy:
             conn.close()
         srv.stop()

@@ -230,19 +230,24 @@ class WebServer(ThreadingMixIn, HTTPServer):
     def process_request(self, request: Any, client_address: Any) -> None:
         now = time.monotonic()
         with self._lock:
+            refuse = False
             if len(self._conns) >= self.limits.max_connections:
                 waiting = [c for c in self._conns.values() if c.waiting]
-                if not waiting:
+                if waiting:  # make room: the one waiting longest for its request goes
+                    victim = min(waiting, key=lambda c: c.deadline)
+                    victim.waiting = False
+                    victim.kill()
+                    self._conns.pop(id(victim.sock), None)
+                    self.stats.evicted += 1
+                else:  # every slot is answering a request
+                    refuse = True
                     self.stats.rejected += 1
-                    self._refuse(request)
-                    return
-                victim = min(waiting, key=lambda c: c.deadline)
-                victim.waiting = False
-                victim.kill()
-                self._conns.pop(id(victim.sock), None)
-                self.stats.evicted += 1
-            self._conns[id(request)] = _Conn(request, now + self.limits.read_timeout)
-            self.stats.accepted += 1
+            if not refuse:
+                self._conns[id(request)] = _Conn(request, now + self.limits.read_timeout)
+                self.stats.accepted += 1
+        if refuse:
+            self._refuse(request)  # outside the lock: shutdown_request takes it
+            return
         thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
         thread.start()
 
