@@ -60,6 +60,7 @@ def test_device_nodes_missing_or_present(tmp_path: Path) -> None:
         ({"NVIDIA_VISIBLE_DEVICES": "void"}, "fail"),
         ({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute"}, "fail"),
         ({"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, "warn"),
+        ({"NVIDIA_VISIBLE_DEVICES": "GPU-5e1d6b7a-0c3f-4a61-9f0e-1b2c3d4e5f60"}, "warn"),
         ({"NVIDIA_VISIBLE_DEVICES": "all", "NVIDIA_DRIVER_CAPABILITIES": "compute,utility"}, "ok"),
     ],
 )

@@ -294,6 +294,9 @@ def test_the_bridge_endpoint_takes_the_same_web_config(tmp_path: Path, tls: dict
         status, body, _ = get(base + "/metrics", tls["ca"], ("prometheus", PASSWORD))
         assert status == 200 and b"gpu_exporter_bridge_http_connections" in body
         assert get(base + "/metrics", tls["ca"])[0] == 401
+        _swap_user(tmp_path / "web.yml", "prometheus", "grafana")  # watched: no signal, no restart
+        assert wait_until(lambda: get(base + "/metrics", tls["ca"], ("grafana", PASSWORD))[0] == 200, 10)
+        assert get(base + "/metrics", tls["ca"], ("prometheus", PASSWORD))[0] == 401
     finally:
         bridge.send_signal(signal.SIGTERM)
         try:
@@ -301,3 +304,44 @@ def test_the_bridge_endpoint_takes_the_same_web_config(tmp_path: Path, tls: dict
         except subprocess.TimeoutExpired:
             bridge.kill()
             bridge.wait(5)
+
+
+def _swap_user(path: Path, old: str, new: str) -> None:
+    text = path.read_text().replace(f"  {old}: ", f"  {new}: ")
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(text)
+    tmp.rename(path)
+
+
+def test_a_changed_web_config_file_is_served_without_a_signal(tmp_path: Path, tls: dict[str, str]) -> None:
+    port = free_port()
+    web = web_file(tmp_path, tls)
+    log_path = tmp_path / "agent.log"
+    with open(log_path, "wb") as log:
+        agent = subprocess.Popen(
+            exporter_cmd(*FAST, f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web}"),
+            env=child_env(),
+            stdout=log,
+            stderr=log,
+        )
+    base = f"https://127.0.0.1:{port}"
+
+    def answers(user: str) -> int:
+        try:
+            return get(base + "/metrics", tls["ca"], (user, PASSWORD))[0]
+        except OSError:
+            return 0
+
+    try:
+        assert wait_until(lambda: answers("prometheus") == 200 or agent.poll() is not None, 20)
+        assert agent.poll() is None, log_path.read_text()
+        _swap_user(Path(web), "prometheus", "grafana")
+        assert wait_until(lambda: answers("grafana") == 200, 10), log_path.read_text()
+        assert answers("prometheus") == 401
+    finally:
+        agent.send_signal(signal.SIGTERM)
+        try:
+            agent.wait(15)
+        except subprocess.TimeoutExpired:
+            agent.kill()
+            agent.wait(5)

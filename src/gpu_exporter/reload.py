@@ -1,4 +1,5 @@
-"""Reload without restart: on SIGHUP, and when ``--config.file`` changes, the configuration is read again.
+"""Reload without restart: on SIGHUP, and when ``--config.file`` or ``--web.config.file`` changes (checked
+every 2 s), the configuration is read again.
 
 Options in ``LIVE`` take their new value at once, through the appliers the agent registers (the ring,
 the open batch and the spool stay as they are). Any other option that changed is named in one log line
@@ -17,7 +18,7 @@ from typing import Any
 
 from gpu_exporter import config as cfg
 
-__all__ = ["LIVE", "Reloader"]
+__all__ = ["LIVE", "Reloader", "stamp"]
 
 log = logging.getLogger("gpu_exporter.reload")
 
@@ -108,21 +109,22 @@ class Reloader:
             log.info("reloaded the configuration (%s): %s", why, shown)
             return True
 
-    # --- watching --config.file ---
+    # --- watching --config.file and --web.config.file ---
     def watch(self, interval: float = 2.0) -> None:
-        path = self.current.config_file
-        if not path:
-            return
-        self._thread = threading.Thread(target=self._watch, args=(path, interval), name="config-watch", daemon=True)
+        self._thread = threading.Thread(target=self._watch, args=(interval,), name="config-watch", daemon=True)
         self._thread.start()
 
-    def _watch(self, path: str, interval: float) -> None:
-        last = _stamp(path)
+    def _paths(self) -> tuple[str, ...]:
+        c = self.current
+        return tuple(p for p in (c.config_file, c.web_config_file) if p)
+
+    def _watch(self, interval: float) -> None:
+        last = {p: stamp(p) for p in self._paths()}
         while not self._stop.wait(interval):
-            stamp = _stamp(path)
-            if stamp != last:
-                last = stamp
-                self.reload(f"{path} changed")
+            changed = [p for p in self._paths() if stamp(p) != last.get(p)]
+            if changed:
+                self.reload(f"{changed[0]} changed")
+                last = {p: stamp(p) for p in self._paths()}
 
     def stop(self) -> None:
         self._stop.set()
@@ -130,7 +132,7 @@ class Reloader:
             self._thread.join(timeout=5.0)
 
 
-def _stamp(path: str) -> tuple[int, int, int]:
+def stamp(path: str) -> tuple[int, int, int]:
     try:
         st = os.stat(path)
     except OSError:

@@ -13,6 +13,7 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
@@ -211,13 +212,22 @@ def run(
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
+    from gpu_exporter.reload import stamp as file_stamp
+
     server.start()
     bridge.start()
+    web_path = config.web_config_file
+    stamp, checked = file_stamp(web_path) if web_path else None, time.monotonic()
     try:
         while not stop.wait(0.5):
+            if web_path and time.monotonic() - checked >= 2.0:  # the web config file is watched too
+                checked = time.monotonic()
+                if file_stamp(web_path) != stamp:
+                    stamp = file_stamp(web_path)
+                    hup.set()
             if hup.is_set():
                 hup.clear()
-                _reload_web(server, config.web_config_file)
+                _reload_web(server, web_path)
     finally:
         log.info("stopping")
         bridge.stop(timeout=10.0)
@@ -248,7 +258,7 @@ def _reload_web(server: WebServer, path: str) -> None:
     """SIGHUP: the web config file again (other bridge options need a restart)."""
     from gpu_exporter.web.webconfig import load_web_config
 
-    log.info("received SIGHUP: re-reading the web config file; other options need a restart")
+    log.info("re-reading the web config file (SIGHUP or a change); other options need a restart")
     try:
         server.set_web(load_web_config(path))
     except ValueError as exc:

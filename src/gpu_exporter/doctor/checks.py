@@ -138,6 +138,14 @@ def nvidia_runtime(node: Node) -> Result:
             f"NVIDIA_VISIBLE_DEVICES={visible!r} hides every GPU",
             "set NVIDIA_VISIBLE_DEVICES=all (a monitor sees every GPU and requests none)",
         )
+    if visible is not None and visible.strip().lower().startswith(("gpu-", "mig-")):
+        return Result(
+            name,
+            WARN,
+            f"NVIDIA_VISIBLE_DEVICES={visible} names single GPUs, as the device plugin does for a pod that "
+            "requests nvidia.com/gpu",
+            "remove the nvidia.com/gpu request (a monitor must not take a GPU) and set NVIDIA_VISIBLE_DEVICES=all",
+        )
     if caps and not {"utility", "all"} & {c.strip().lower() for c in caps.split(",")}:
         return Result(
             name,
