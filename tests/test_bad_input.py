@@ -9,7 +9,6 @@ from __future__ import annotations
 import resource
 import signal
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -171,7 +170,3 @@ def test_sighup_does_not_end_the_bridge(tmp_path: Path) -> None:
         except subprocess.TimeoutExpired:
             bridge.kill()
             bridge.wait(5)
-
-
-if sys.platform != "linux":  # pragma: no cover
-    pytestmark = pytest.mark.skip(reason="not applicable here: the memory cap uses Linux rlimits")
