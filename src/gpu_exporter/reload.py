@@ -52,7 +52,7 @@ LIVE = frozenset(
 
 Applier = Callable[[cfg.Config, cfg.Config], None]  # (old, new)
 
-_FLAGS = {o.field: o.name for o in cfg.OPTIONS}
+_FLAGS = {o.field: o.name for o in cfg.OPTIONS} | {"disabled_collectors": "collector.<group>"}
 
 
 class Reloader:
@@ -90,7 +90,7 @@ class Reloader:
                 before, after = getattr(old, f.name), getattr(new, f.name)
                 if before != after and f.name not in LIVE:
                     name = _FLAGS.get(f.name, f.name.replace("_", "-"))
-                    log.warning("reload: --%s changed; it needs a restart, keeping %r", name, before)
+                    log.warning("reload: --%s changed; it needs a restart, keeping %s", name, _shown(before))
                     keep[f.name] = before
             new = dataclasses.replace(new, **keep)
             changed = sorted(
@@ -130,6 +130,12 @@ class Reloader:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=5.0)
+
+
+def _shown(value: Any) -> str:
+    if isinstance(value, frozenset):
+        return ",".join(sorted(value)) or "(none)"
+    return repr(value)
 
 
 def stamp(path: str) -> tuple[int, int, int]:
