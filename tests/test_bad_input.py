@@ -6,6 +6,7 @@ process silently.
 
 from __future__ import annotations
 
+import os
 import resource
 import signal
 import subprocess
@@ -66,6 +67,12 @@ def test_alias_bomb_config_file(tmp_path: Path) -> None:
         lines.append(f"{name}: &{name} [{','.join([f'*{prev}'] * 10)}]")
     conf.write_text("\n".join(lines) + "\n")
     assert "anchors and aliases" in one_line_exit_2(run_cli(f"--config.file={conf}"))
+
+
+def test_a_pipe_as_config_file_does_not_hang(tmp_path: Path) -> None:
+    fifo = tmp_path / "config.fifo"
+    os.mkfifo(fifo)
+    assert "pipe" in one_line_exit_2(run_cli(f"--config.file={fifo}"))
 
 
 def test_dev_zero_as_config_file() -> None:

@@ -8,6 +8,8 @@ problem is a ``ValueError`` whose message is one line naming the file and, where
 
 from __future__ import annotations
 
+import os
+import stat
 from functools import cache
 from typing import Any
 
@@ -56,6 +58,9 @@ def _loader() -> Any:
 def read_text(path: str, max_bytes: int = MAX_BYTES, what: str = "file") -> str:
     """The file's text, or ValueError: unreadable, larger than ``max_bytes``, or not UTF-8."""
     try:
+        mode = os.stat(path).st_mode
+        if stat.S_ISFIFO(mode) or stat.S_ISSOCK(mode):  # opening a pipe waits for a writer, maybe forever
+            raise ValueError(f"{what} {path} is a pipe or socket, not a file")
         with open(path, "rb") as handle:
             data = handle.read(max_bytes + 1)
     except OSError as exc:
