@@ -22,6 +22,7 @@ from typing import Any
 
 from gpu_exporter import __version__
 from gpu_exporter import config as cfg
+from gpu_exporter.commands import agent_option
 
 __all__ = ["build_parser", "entry", "main"]
 
@@ -33,6 +34,7 @@ PROG = "gpu-exporter"
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "tail": ("gpu_exporter.forward.tail:main", "print the decoded samples arriving on an MQTT broker"),
     "bridge": ("gpu_exporter.bridge.cli:main", "cloud side: MQTT to Prometheus remote write"),
+    "doctor": ("gpu_exporter.doctor:main", "check this node: GPU libraries, devices, mounts, spool, broker"),
 }
 
 
@@ -48,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    cfg.add_arguments(parser)
+    cfg.add_arguments(parser, include=agent_option)
     return parser
 
 
@@ -121,17 +123,19 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cfg.ConfigError as exc:
         return _fail(str(exc), 2)
     setup_logging(config.log_level, config.log_format)
-    return run(config)
+    return run(config, args=vars(args))
 
 
-def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
-    """Run the exporter until SIGTERM/SIGINT (or ``stop`` is set)."""
+def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str, Any] | None = None) -> int:
+    """Run the exporter until SIGTERM/SIGINT (or ``stop`` is set); SIGHUP reloads the configuration."""
     from prometheus_client import CollectorRegistry
 
     from gpu_exporter.backends import base
-    from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer, native_view
+    from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer
     from gpu_exporter.ring import RingBuffer
     from gpu_exporter.sampler import Sampler
+    from gpu_exporter.web.server import ServerCollector
+    from gpu_exporter.web.webconfig import load_web_config
 
     stop = stop or threading.Event()
     limit_malloc_arenas()
@@ -147,15 +151,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         from gpu_exporter.k8s import PodAttributor
 
         attributor = PodAttributor(config, ring, registry)
-    if config.metrics_naming == "dcgm":
-        from gpu_exporter.naming import dcgm_view
-
-        pods = (lambda uuid: attributor.device_pods().get(uuid)) if attributor is not None else None
-        view = dcgm_view(
-            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods
-        )
-    else:
-        view = native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
+    view = _view(config, attributor)
     exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
     sampler = Sampler(backends, ring, config.interval, [exposition.update])
     registry.register(AgentCollector(sampler, ring, backends))
@@ -174,13 +170,18 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         return True, "ready"
 
     try:
-        server = MetricsServer(config.listen_address, config.telemetry_path, exposition, ready)
+        web = load_web_config(config.web_config_file)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
+    try:
+        server = MetricsServer(config.listen_address, config.telemetry_path, exposition, ready, web, _limits(config))
     except OSError as exc:
         for backend in backends:
             backend.close()
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {config.listen_address}: {reason}", 1)
 
+    registry.register(ServerCollector(lambda: server))
     if getattr(config, "mqtt_url", ""):
         forward = importlib.import_module("gpu_exporter.forward.service")
         extra = attributor.device_values if attributor is not None else None  # per-pod series go too
@@ -190,9 +191,31 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         log.info("received %s, stopping", signal.Signals(signum).name)
         stop.set()
 
+    from gpu_exporter.reload import Reloader
+
+    def apply(old: cfg.Config, new: cfg.Config) -> None:
+        if bool(old.mqtt_url) != bool(new.mqtt_url):
+            raise ValueError("turning forwarding on or off (--mqtt.url) needs a restart")
+        if (old.log_level, old.log_format) != (new.log_level, new.log_format):
+            setup_logging(new.log_level, new.log_format)
+        sampler.interval = new.interval
+        if (old.metrics_include, old.metrics_exclude) != (new.metrics_include, new.metrics_exclude):
+            exposition.view = _view(new, attributor)
+        server.set_web(load_web_config(new.web_config_file))  # always: the file's content may have changed
+        server.limits = _limits(new)
+        if forwarder is not None:
+            forwarder.reconfigure(new)
+
+    reloader = Reloader(args if args is not None else {}, config, [apply])
+    hup = threading.Event()
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        hup.set()
+
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hup)
 
     server.start()
     if attributor is not None:
@@ -209,7 +232,14 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         ",".join(b.name for b in backends),
         config.interval,
     )
-    stop.wait()
+    reloader.watch()
+    while not stop.is_set():
+        stop.wait(0.5)
+        if hup.is_set():
+            hup.clear()
+            log.info("received SIGHUP, reloading the configuration")
+            reloader.reload("SIGHUP")
+    reloader.stop()
     sampler.stop()
     if attributor is not None:
         attributor.stop(timeout=5.0)
@@ -220,6 +250,25 @@ def run(config: cfg.Config, stop: threading.Event | None = None) -> int:
         backend.close()
     log.info("stopped")
     return 0
+
+
+def _view(config: cfg.Config, attributor: Any) -> Any:
+    from gpu_exporter.exposition import native_view
+
+    if config.metrics_naming == "dcgm":
+        from gpu_exporter.naming import dcgm_view
+
+        pods = (lambda uuid: attributor.device_pods().get(uuid)) if attributor is not None else None
+        return dcgm_view(
+            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods
+        )
+    return native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
+
+
+def _limits(config: cfg.Config) -> Any:
+    from gpu_exporter.web.server import Limits
+
+    return Limits(config.web_max_connections, config.web_read_timeout, config.web_idle_timeout)
 
 
 def entry() -> None:

@@ -14,7 +14,6 @@ import re
 import socket
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from functools import cache
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlsplit
 
@@ -41,6 +40,10 @@ class Config:
     buffer_size: int = 256
     listen_address: str = ":9400"
     telemetry_path: str = "/metrics"
+    web_config_file: str = ""  # TLS, basic auth, headers (exporter-toolkit format); empty: plain HTTP
+    web_max_connections: int = 64
+    web_read_timeout: float = 10.0
+    web_idle_timeout: float = 120.0
     node_name: str = ""
     config_file: str = ""
     log_level: str = "info"
@@ -130,6 +133,8 @@ def _positive_int(text: str) -> int:
         raise ValueError(f"invalid integer {text!r}") from None
     if value < 1:
         raise ValueError(f"must be at least 1, got {value}")
+    if value > _MAX_INT:
+        raise ValueError(f"{value} is out of range (at most {_MAX_INT})")
     return value
 
 
@@ -140,13 +145,35 @@ def _nonneg_int(text: str) -> int:
         raise ValueError(f"invalid integer {text!r}") from None
     if value < 0:
         raise ValueError(f"must be 0 or more, got {value}")
+    if value > _MAX_INT:
+        raise ValueError(f"{value} is out of range (at most {_MAX_INT})")
     return value
+
+
+_MAX_INT = 1_000_000_000  # a ceiling for counts without a tighter bound of their own
+
+
+def _int_between(low: int, high: int) -> Callable[[str], int]:
+    def parse(text: str) -> int:
+        try:
+            value = int(str(text).strip(), 10)
+        except ValueError:
+            raise ValueError(f"invalid integer {text!r}") from None
+        if value < low:
+            raise ValueError(f"must be at least {low}, got {value}")
+        if value > high:
+            raise ValueError(f"{value} is out of range (at most {high})")
+        return value
+
+    return parse
 
 
 def _interval(text: str) -> float:
     seconds = parse_duration(text)
     if seconds < 0.1:
         raise ValueError(f"{text!r} is below the 100ms minimum")
+    if seconds > 86400:
+        raise ValueError(f"{text!r} is above the 1d maximum")
     return seconds
 
 
@@ -216,11 +243,13 @@ def _group(text: str) -> str:
     return value
 
 
-def _duration_at_least(low: float) -> Callable[[str], float]:
+def _duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str], float]:
     def parse(text: str) -> float:
         seconds = parse_duration(text)
         if seconds < low:
             raise ValueError(f"{text!r} is below the {low:g}s minimum")
+        if seconds > high:
+            raise ValueError(f"{text!r} is above the {format_duration(high)} maximum")
         return seconds
 
     return parse
@@ -232,6 +261,8 @@ def _max_payload(text: str) -> int:
     size = size_of(text)
     if size < 1024:
         raise ValueError(f"{text!r} is below the 1KiB minimum")
+    if size > 1 << 30:
+        raise ValueError(f"{text!r} is above the 1GiB maximum")
     return size
 
 
@@ -251,8 +282,8 @@ def _idle_power(text: str) -> float | None:
         watts = float(value)
     except ValueError:
         raise ValueError(f"invalid power {text!r} (use watts, e.g. 30 or 30W, or auto)") from None
-    if not watts >= 0 or watts == float("inf"):
-        raise ValueError(f"invalid power {text!r} (must be 0 or more watts)")
+    if not 0 <= watts <= 10000:
+        raise ValueError(f"invalid power {text!r} (0 to 10000 watts)")
     return watts
 
 
@@ -363,7 +394,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "metrics-buffer-size",
         "buffer_size",
-        _positive_int,
+        _int_between(1, 1_000_000),
         "samples kept in the ring buffer (the oldest is overwritten); it only needs to cover a pause of the "
         "forwarder or of pod attribution, 21 min at the default interval",
         "N",
@@ -376,6 +407,36 @@ OPTIONS: tuple[Option, ...] = (
         "[HOST]:PORT",
     ),
     Option("web.telemetry-path", "telemetry_path", _path, "path under which metrics are served", "PATH"),
+    Option(
+        "web.config.file",
+        "web_config_file",
+        str,
+        "web config YAML in the Prometheus exporter-toolkit format: TLS (tls_server_config), basic auth "
+        "(basic_auth_users, bcrypt), response headers; /healthz and /readyz stay open",
+        "FILE",
+    ),
+    Option(
+        "web.max-connections",
+        "web_max_connections",
+        _int_between(2, 10000),
+        "open HTTP connections served at once; past it the connection waiting longest for its request is "
+        "closed, or a 503 when all are busy (counted in gpu_exporter_http_connections_dropped_total)",
+        "N",
+    ),
+    Option(
+        "web.read-timeout",
+        "web_read_timeout",
+        _seconds_between(0.1, 600),
+        "a request (and TLS handshake) must arrive in full within this time of the connection",
+        "DURATION",
+    ),
+    Option(
+        "web.idle-timeout",
+        "web_idle_timeout",
+        _seconds_between(1, 3600),
+        "a keep-alive connection is closed after this long without a request",
+        "DURATION",
+    ),
     Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
     Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
     Option("log.format", "log_format", _choice("text", "json"), "log format", "FORMAT"),
@@ -387,7 +448,7 @@ OPTIONS: tuple[Option, ...] = (
         "REGEX",
     ),
     Option("metrics.exclude", "metrics_exclude", _regex, "drop metrics whose name matches this regex", "REGEX"),
-    Option("fake.gpus", "fake_gpus", _positive_int, "simulated GPUs for --gpu-vendor=fake", "N"),
+    Option("fake.gpus", "fake_gpus", _int_between(1, 64), "simulated GPUs for --gpu-vendor=fake", "N"),
     Option(
         "fake.mig",
         "fake_mig",
@@ -395,7 +456,7 @@ OPTIONS: tuple[Option, ...] = (
         "MIG instances on the first simulated GPU (0 disables MIG; at most 7)",
         "N",
     ),
-    Option("fake.seed", "fake_seed", _nonneg_int, "seed for the simulated values", "N"),
+    Option("fake.seed", "fake_seed", _int_between(0, 2**32 - 1), "seed for the simulated values", "N"),
     Option(
         "fake.pcie-call-duration",
         "fake_pcie_call_seconds",
@@ -462,7 +523,11 @@ OPTIONS: tuple[Option, ...] = (
         "SIZE",
     ),
     Option(
-        "mqtt.batch-max-samples", "mqtt_batch_max_samples", _positive_int, "close a batch after this many samples", "N"
+        "mqtt.batch-max-samples",
+        "mqtt_batch_max_samples",
+        _int_between(1, 100_000),
+        "close a batch after this many samples",
+        "N",
     ),
     Option(
         "mqtt.value-digits",
@@ -528,7 +593,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.max-inflight",
         "bridge_max_inflight",
-        _positive_int,
+        _int_between(1, 65535),
         "bridge: unacknowledged messages the broker may send at once (MQTT 5 Receive Maximum)",
         "N",
     ),
@@ -549,7 +614,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.series-cache",
         "bridge_series_cache",
-        _positive_int,
+        _int_between(1, 100_000_000),
         "bridge: series whose encoded labels are kept (about 370 bytes each with their bookkeeping; ~95 per GPU)",
         "N",
     ),
@@ -625,14 +690,14 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "remote-write.timeout",
         "remote_write_timeout",
-        _duration_at_least(0.1),
+        _duration_at_least(0.1, 600),
         "bridge: timeout of one remote-write request",
         "DURATION",
     ),
     Option(
         "remote-write.max-samples-per-request",
         "remote_write_max_samples",
-        _positive_int,
+        _int_between(1, 1_000_000),
         "bridge: larger writes are split into several requests",
         "N",
     ),
@@ -647,7 +712,7 @@ OPTIONS: tuple[Option, ...] = (
     Option(
         "remote-write.max-backoff",
         "remote_write_max_backoff",
-        _duration_at_least(0.01),
+        _duration_at_least(0.01, 3600),
         "bridge: longest wait between retries of a failing write (5xx, 429, network)",
         "DURATION",
     ),
@@ -712,8 +777,9 @@ def env_name(option_name: str) -> str:
     return ENV_PREFIX + re.sub(r"[.\-]", "_", option_name).upper()
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
-    """Declare every option as a flag; defaults are SUPPRESSed so that we see what was given."""
+def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool] | None = None) -> None:
+    """Declare the options (those ``include`` accepts by name) as flags; defaults are SUPPRESSed so that
+    we see what was given."""
     parser.add_argument(
         "--config.file",
         dest="config.file",
@@ -722,6 +788,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"YAML file with any of these options (env {env_name('config.file')})",
     )
     for opt in OPTIONS:
+        if include is not None and not include(opt.name):
+            continue
         default = getattr(Config(), opt.field)
         if isinstance(default, float) and opt.metavar == "DURATION":
             default = format_duration(default)
@@ -744,29 +812,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         )
 
 
-@cache
-def _line_loader() -> Any:
-    """A safe YAML loader that remembers the line of every mapping key, for error messages.
-
-    Built on first use: PyYAML (1.3 MiB of RSS with its C extension) is imported only with --config.file.
-    """
-    import yaml
-
-    class LineLoader(yaml.SafeLoader):
-        pass
-
-    def construct_mapping(loader: LineLoader, node: yaml.MappingNode) -> dict[Any, Any]:
-        mapping = loader.construct_mapping(node, deep=True)
-        lines = {}
-        for key_node, _ in node.value:
-            lines[loader.construct_object(key_node)] = key_node.start_mark.line + 1
-        mapping["__lines__"] = lines
-        return mapping
-
-    LineLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, construct_mapping)
-    return LineLoader
-
-
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:
     lines: Mapping[str, int] = data.get("__lines__", {})
     out: dict[str, tuple[Any, int]] = {}
@@ -782,20 +827,12 @@ def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, 
 
 
 def read_file(path: str) -> dict[str, tuple[Any, int]]:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            text = handle.read()
-    except OSError as exc:
-        raise ConfigError(f"cannot read config file {path}: {exc.strerror}") from None
-    import yaml
+    from gpu_exporter import safeyaml  # bounded size and depth, no aliases, UTF-8 only
 
     try:
-        data = yaml.load(text, Loader=_line_loader())
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"{path}:{mark.line + 1}" if mark is not None else path
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise ConfigError(f"invalid YAML in {where}: {problem}") from None
+        data = safeyaml.load_file(path, what="config file")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
     if data is None:
         return {}
     if not isinstance(data, Mapping):
@@ -846,6 +883,13 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
 def _check(config: Config) -> None:
     if config.fake_mig > 7:
         raise ConfigError(f"--fake.mig={config.fake_mig}: a GPU holds at most 7 MIG instances")
+    if config.web_config_file:
+        from gpu_exporter.web.webconfig import load_web_config
+
+        try:
+            load_web_config(config.web_config_file)
+        except ValueError as exc:
+            raise ConfigError(str(exc)) from None
     _check_forwarding(config)
 
 

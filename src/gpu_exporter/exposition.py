@@ -10,13 +10,10 @@ from __future__ import annotations
 
 import gzip
 import logging
-import socket
 import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Any
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -27,6 +24,8 @@ from gpu_exporter.catalog import name_filter
 from gpu_exporter.model import DeviceId, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.web.server import Limits, Site, WebServer, parse_listen
+from gpu_exporter.web.webconfig import WebConfig
 
 __all__ = [
     "AgentCollector",
@@ -36,6 +35,7 @@ __all__ = [
     "ViewFamily",
     "ViewSeries",
     "native_view",
+    "parse_listen",
     "render",
 ]
 
@@ -275,101 +275,19 @@ class Exposition:
 ReadyCheck = Callable[[], tuple[bool, str]]
 
 
-class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
-    disable_nagle_algorithm = True  # headers and body leave at once, no 40 ms delayed-ACK stall
-
-    def do_GET(self) -> None:
-        path = self.path.split("?", 1)[0]
-        srv = self.server
-        if path == srv.telemetry_path:
-            accept = "gzip" in (self.headers.get("Accept-Encoding") or "")
-            body = srv.exposition.page(accept)
-            headers = {"Content-Type": CONTENT_TYPE}
-            if accept:
-                headers["Content-Encoding"] = "gzip"
-            self._send(200, body, headers)
-        elif path == "/healthz":
-            self._send(200, b"ok\n")
-        elif path == "/readyz":
-            ready, why = srv.ready()
-            self._send(200 if ready else 503, (why + "\n").encode())
-        elif path == "/":
-            link = escape(srv.telemetry_path)
-            html = (
-                f"<html><head><title>gpu-exporter</title></head><body><h1>gpu-exporter {__version__}</h1>"
-                f'<p><a href="{link}">Metrics</a> <a href="/healthz">healthz</a> '
-                f'<a href="/readyz">readyz</a></p></body></html>\n'
-            )
-            self._send(200, html.encode(), {"Content-Type": "text/html; charset=utf-8"})
-        else:
-            self._send(404, b"not found\n")
-
-    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
-        self.send_response(code)
-        for key, value in (headers or {"Content-Type": "text/plain; charset=utf-8"}).items():
-            self.send_header(key, value)
-        self.send_header("Content-Length", str(len(body)))
-        self.end_headers()
-        if self.command != "HEAD":
-            self.wfile.write(body)
-
-    do_HEAD = do_GET
-
-    def log_message(self, format: str, *args: Any) -> None:
-        log.debug("http %s %s", self.address_string(), format % args)
-
-
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
+class MetricsServer(WebServer):
+    """The agent's endpoint (``web/server.py``). Raises OSError (e.g. address in use) when created."""
 
     def __init__(
         self,
-        address: tuple[str, int],
-        family: socket.AddressFamily,
+        address: str,
         telemetry_path: str,
         exposition: Exposition,
         ready: ReadyCheck,
+        web: WebConfig | None = None,
+        limits: Limits | None = None,
     ) -> None:
-        self.address_family = family
-        self.telemetry_path = telemetry_path
-        self.exposition = exposition
-        self.ready = ready
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: Any, client_address: Any) -> None:
-        """A client that hangs up mid-request is its own business: one debug line, no traceback."""
-        log.debug("http: request from %s failed: %s", client_address, sys.exc_info()[1])
-
-
-def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), int(port), family
-
-
-class MetricsServer:
-    """The HTTP endpoint on its own thread. Raises OSError (e.g. address in use) from ``start``."""
-
-    def __init__(self, address: str, telemetry_path: str, exposition: Exposition, ready: ReadyCheck) -> None:
-        host, port, family = parse_listen(address)
-        self._server = _Server((host, port), family, telemetry_path, exposition, ready)
-        self._thread: threading.Thread | None = None
-
-    @property
-    def port(self) -> int:
-        return int(self._server.server_address[1])
-
-    def start(self) -> None:
-        self._thread = threading.Thread(target=self._server.serve_forever, name="http", daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._server.shutdown()
-            self._thread.join(timeout=5.0)
-            self._thread = None
-        self._server.server_close()
+        site = Site(
+            telemetry_path, exposition.page, ready, title=f"gpu-exporter {__version__}", content_type=CONTENT_TYPE
+        )
+        super().__init__(address, site, web, limits)

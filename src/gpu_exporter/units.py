@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import re
 
-__all__ = ["format_duration", "parse_duration", "parse_size"]
+__all__ = ["MAX_DURATION", "MAX_SIZE", "format_duration", "parse_duration", "parse_size"]
+
+# Ceilings past any sensible setting, so that an absurd value is a clear error rather than an overflow
+# in a timer or an allocation: ten years, one pebibyte. Options set tighter bounds of their own.
+MAX_DURATION = 3650 * 86400.0
+MAX_SIZE = 1 << 50
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h|d)?\s*$")
 _DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, None: 1.0}
@@ -28,7 +33,10 @@ def parse_duration(text: str) -> float:
     match = _DURATION.match(str(text))
     if not match:
         raise ValueError(f"invalid duration {text!r} (use e.g. 500ms, 5s, 1m, 2h)")
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    seconds = float(match.group(1)) * _DURATION_UNITS[match.group(2)]
+    if not seconds <= MAX_DURATION:
+        raise ValueError(f"duration {text!r} is out of range (at most 3650d)")
+    return seconds
 
 
 def format_duration(seconds: float) -> str:
@@ -46,4 +54,7 @@ def parse_size(text: str) -> int:
     if not match:
         raise ValueError(f"invalid size {text!r} (use e.g. 512MiB, 1GiB, 100MB)")
     unit = (match.group(2) or "").lower().rstrip("b")
-    return int(float(match.group(1)) * _SIZE_UNITS[unit])
+    size = float(match.group(1)) * _SIZE_UNITS[unit]
+    if not size <= MAX_SIZE:
+        raise ValueError(f"size {text!r} is out of range (at most 1PiB)")
+    return int(size)

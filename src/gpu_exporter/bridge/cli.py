@@ -13,17 +13,20 @@ import signal
 import socket
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, start_http_server
+from prometheus_client import CollectorRegistry
 
 from gpu_exporter import __version__
 from gpu_exporter import config as cfg
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.service import BridgeSettings
+    from gpu_exporter.web.server import WebServer
+    from gpu_exporter.web.webconfig import WebConfig
 
 __all__ = ["main", "run", "settings_from", "tune_gc"]
 
@@ -42,10 +45,12 @@ _MQTT = (
     "mqtt.tls.cert-file",
     "mqtt.tls.key-file",
 )
+# The endpoint's TLS, auth and limits: the same web.* options as the agent's (web/server.py).
+_WEB = ("web.config.file", "web.max-connections", "web.read-timeout", "web.idle-timeout")
 
 
 def _options() -> list[cfg.Option]:
-    return [o for o in cfg.OPTIONS if o.name.startswith(_PREFIXES) or o.name in _MQTT]
+    return [o for o in cfg.OPTIONS if o.name.startswith(_PREFIXES) or o.name in _MQTT or o.name in _WEB]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -158,7 +163,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cfg.ConfigError as exc:
         return _fail(str(exc), 2)
     setup_logging(config.log_level, config.log_format)
-    return run(settings, config.bridge_listen_address)
+    return run(settings, config.bridge_listen_address, config=config)
 
 
 def tune_gc() -> None:
@@ -171,9 +176,12 @@ def tune_gc() -> None:
     gc.set_threshold(50_000, 50, 100)
 
 
-def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = None) -> int:
-    """Run the bridge until SIGTERM/SIGINT (or ``stop`` is set)."""
+def run(
+    settings: BridgeSettings, listen: str, stop: threading.Event | None = None, config: cfg.Config | None = None
+) -> int:
+    """Run the bridge until SIGTERM/SIGINT (or ``stop`` is set); SIGHUP re-reads the web config file."""
     from gpu_exporter.bridge.service import Bridge
+    from gpu_exporter.web.webconfig import load_web_config
 
     stop = stop or threading.Event()
     tune_gc()
@@ -182,9 +190,12 @@ def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = No
         bridge = Bridge(settings, registry)
     except (ValueError, OSError) as exc:
         return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
-    host, _, port = listen.rpartition(":")
+    config = config or cfg.Config()
     try:
-        server, _thread = start_http_server(int(port), addr=host or "0.0.0.0", registry=registry)
+        web = load_web_config(config.web_config_file)
+        server = _server(listen, registry, web, config)
+    except ValueError as exc:
+        return _fail(str(exc), 2)
     except OSError as exc:
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {listen}: {reason}", 1)
@@ -192,22 +203,69 @@ def run(settings: BridgeSettings, listen: str, stop: threading.Event | None = No
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stop.set()
 
+    hup = threading.Event()
+
+    def on_hup(signum: int, frame: FrameType | None) -> None:
+        hup.set()
+
     if threading.current_thread() is threading.main_thread():
         signal.signal(signal.SIGTERM, on_signal)
         signal.signal(signal.SIGINT, on_signal)
+        signal.signal(signal.SIGHUP, on_hup)
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
+    from gpu_exporter.reload import stamp as file_stamp
+
+    server.start()
     bridge.start()
+    web_path = config.web_config_file
+    stamp, checked = file_stamp(web_path) if web_path else None, time.monotonic()
     try:
-        while not stop.wait(1.0):
-            pass
+        while not stop.wait(0.5):
+            if web_path and time.monotonic() - checked >= 2.0:  # the web config file is watched too
+                checked = time.monotonic()
+                if file_stamp(web_path) != stamp:
+                    stamp = file_stamp(web_path)
+                    hup.set()
+            if hup.is_set():
+                hup.clear()
+                _reload_web(server, web_path)
     finally:
         log.info("stopping")
         bridge.stop(timeout=10.0)
-        server.shutdown()
-        server.server_close()
+        server.stop()
     return 0
+
+
+def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cfg.Config) -> WebServer:
+    """The bridge's /metrics on the shared endpoint (limits, TLS, basic auth); OSError when it cannot listen."""
+    import gzip
+
+    from prometheus_client import generate_latest
+
+    from gpu_exporter.web.server import Limits, ServerCollector, Site, WebServer
+
+    def page(accept_gzip: bool) -> bytes:
+        text = generate_latest(registry)
+        return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
+
+    site = Site("/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}")
+    limits = Limits(config.web_max_connections, config.web_read_timeout, config.web_idle_timeout)
+    server = WebServer(listen, site, web, limits)
+    registry.register(ServerCollector(lambda: server, prefix="gpu_exporter_bridge"))
+    return server
+
+
+def _reload_web(server: WebServer, path: str) -> None:
+    """SIGHUP: the web config file again (other bridge options need a restart)."""
+    from gpu_exporter.web.webconfig import load_web_config
+
+    log.info("re-reading the web config file (SIGHUP or a change); other options need a restart")
+    try:
+        server.set_web(load_web_config(path))
+    except ValueError as exc:
+        log.error("reload failed, keeping the running web config: %s", exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -188,6 +188,18 @@ class _OpenBatch:
         self.event = False  # holds a sample with news an alert waits for: close it now
 
 
+_LINK_FIELDS = (
+    "mqtt_url",
+    "mqtt_username",
+    "mqtt_password_file",
+    "mqtt_tls_ca_file",
+    "mqtt_tls_cert_file",
+    "mqtt_tls_key_file",
+    "mqtt_keepalive",
+    "mqtt_reconnect_max_delay",
+)
+
+
 class Forwarder:
     """Store-and-forward of the ring's samples to ``<prefix>/<node>/batch`` (see module doc)."""
 
@@ -237,6 +249,7 @@ class Forwarder:
         self._down_since: float | None = clock()
         self._too_large_logged = False
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
+        self._pending: Config | None = None  # a reloaded configuration, taken at the next turn
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -311,7 +324,28 @@ class Forwarder:
             return False, f"not connected to the MQTT broker for {self._clock() - down:.0f}s: {self.link.error}"
         return True, "forwarding"
 
+    def reconfigure(self, config: Config) -> None:
+        """Take reloaded settings at the next turn (any thread); the open batch and the spool stay."""
+        self._pending = config
+
+    def _apply(self, new: Config) -> None:
+        old, self.config = self.config, new
+        self._keys = catalog.kept_keys(new.metrics_include, new.metrics_exclude)
+        fields = _LINK_FIELDS
+        if any(getattr(old, f) != getattr(new, f) for f in fields):
+            settings = LinkSettings.from_config(new, window=WINDOW)  # checked by the reload already
+            self.link.close(status=None)
+            self._inflight.clear()  # still in the spool: they go again on the new connection
+            self.spool.pinned.clear()
+            self._live.clear()
+            self.metrics.connected.set(0)
+            self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
+            log.info("forwarder: broker settings changed; connecting to %s", new.mqtt_url)
+
     def _turn(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            self._apply(pending)
         self._take()
         now = self._clock()
         if self._due(now):

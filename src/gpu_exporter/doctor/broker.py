@@ -1,0 +1,138 @@
+"""Doctor checks that talk to the MQTT broker: reachable with the configured TLS and credentials, and
+the node's clock against what the broker's certificate allows (MQTT itself carries no time)."""
+
+from __future__ import annotations
+
+import socket
+import ssl
+import threading
+import time
+import uuid
+from typing import Any, cast
+from urllib.parse import urlsplit
+
+from gpu_exporter import config as cfg
+from gpu_exporter.doctor.checks import FAIL, OK, WARN, Node, Result
+
+__all__ = ["broker", "clock"]
+
+# No node running this release has a correct clock before this date (2025-01-01 UTC).
+CLOCK_FLOOR = 1735689600.0
+
+
+def _address(config: cfg.Config) -> tuple[str, int, bool]:
+    url = urlsplit(config.mqtt_url)
+    secure = url.scheme == "mqtts"
+    return url.hostname or "", url.port or (8883 if secure else 1883), secure
+
+
+def broker(node: Node) -> Result:
+    """CONNECT with the agent's TLS settings and credentials; the CONNACK says whether they work."""
+    import paho.mqtt.client as paho
+    from paho.mqtt.enums import CallbackAPIVersion
+
+    name = "mqtt-broker"
+    c = node.config
+    if not c.mqtt_url:
+        return Result(name, OK, "forwarding off (no --mqtt.url)")
+    host, port, secure = _address(c)
+    v5 = c.mqtt_protocol == "5"
+    client = paho.Client(
+        CallbackAPIVersion.VERSION2,
+        client_id=f"gpu-exporter-doctor-{uuid.uuid4().hex[:8]}",
+        protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
+    )
+    answer: dict[str, Any] = {}
+    done = threading.Event()
+
+    def on_connect(client: Any, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
+        answer["reason"] = reason
+        done.set()
+
+    client.on_connect = on_connect
+    try:
+        if secure:
+            client.tls_set_context(cfg.tls_context(c))
+        if c.mqtt_username:
+            from gpu_exporter.forward.mqtt import read_password_bytes
+
+            password = read_password_bytes(c.mqtt_password_file) if c.mqtt_password_file else None
+            client.username_pw_set(c.mqtt_username, cast(str | None, password))  # paho sends bytes as they are
+        client.connect(host, port, keepalive=10)
+    except cfg.ConfigError as exc:
+        return Result(name, FAIL, str(exc), "fix the TLS files named above")
+    except ssl.SSLError as exc:
+        return Result(name, FAIL, f"TLS with {host}:{port} failed: {cfg.error_reason(exc)}", _TLS_FIX)
+    except OSError as exc:
+        return Result(
+            name,
+            FAIL,
+            f"cannot reach {host}:{port}: {cfg.error_reason(exc)}",
+            "check the URL, DNS, the firewall and that the broker listens there",
+        )
+    deadline = time.monotonic() + node.mqtt_timeout
+    try:
+        while not done.is_set() and time.monotonic() < deadline:
+            if client.loop(timeout=0.1) != paho.MQTT_ERR_SUCCESS:
+                break
+    except ssl.SSLError as exc:
+        return Result(name, FAIL, f"TLS with {host}:{port} failed: {cfg.error_reason(exc)}", _TLS_FIX)
+    finally:
+        try:
+            client.disconnect()
+        except Exception:
+            pass
+    reason = answer.get("reason")
+    if reason is None:
+        return Result(
+            name, FAIL, f"{host}:{port} did not answer CONNECT in {node.mqtt_timeout:g}s", "is it an MQTT broker?"
+        )
+    if getattr(reason, "is_failure", False):
+        text = str(reason)
+        fix = "check --mqtt.username and the password file, and the broker's ACL for this user"
+        return Result(name, FAIL, f"broker refused the connection: {text}", fix)
+    return Result(name, OK, f"connected to {host}:{port}{' over TLS' if secure else ''}")
+
+
+_TLS_FIX = "check --mqtt.tls.ca-file (the CA that signed the broker), the host name in the URL and the clock"
+
+
+def clock(node: Node) -> Result:
+    """The wall clock is plausible, and within the validity of the broker's certificate (mqtts://)."""
+    name = "clock"
+    now = node.clock()
+    if now < CLOCK_FLOOR:
+        return Result(
+            name,
+            FAIL,
+            f"the clock says {time.strftime('%Y-%m-%d', time.gmtime(now))}, before this release",
+            "enable NTP (chrony, systemd-timesyncd) on the node; without an RTC battery the clock restarts at its epoch",
+        )
+    c = node.config
+    if not c.mqtt_url or not c.mqtt_url.startswith("mqtts://"):
+        return Result(name, OK, "plausible (plain MQTT carries no time to compare with)")
+    host, port, _ = _address(c)
+    try:
+        ctx = cfg.tls_context(c)
+        ctx.check_hostname = False  # the name is the mqtt-broker check's business; the dates are ours
+        with (
+            socket.create_connection((host, port), timeout=node.mqtt_timeout) as raw,
+            ctx.wrap_socket(raw, server_hostname=host),
+        ):
+            pass
+    except ssl.SSLCertVerificationError as exc:
+        if exc.verify_code in (_NOT_YET_VALID, _EXPIRED):
+            return Result(
+                name,
+                FAIL,
+                f"the clock ({time.strftime('%Y-%m-%d %H:%M', time.gmtime(now))} UTC) is outside the broker "
+                f"certificate's validity ({exc.verify_message})",
+                "fix the node's clock (NTP), or renew the broker's certificate; TLS fails until then",
+            )
+        return Result(name, WARN, f"could not check against the broker's certificate: {exc.verify_message}")
+    except (OSError, ssl.SSLError, cfg.ConfigError) as exc:
+        return Result(name, WARN, f"could not check against the broker's certificate: {cfg.error_reason(exc)}")
+    return Result(name, OK, "plausible, and within the broker certificate's validity")
+
+
+_NOT_YET_VALID, _EXPIRED = 9, 10  # X509_V_ERR_CERT_NOT_YET_VALID, X509_V_ERR_CERT_HAS_EXPIRED

@@ -1,0 +1,365 @@
+"""The HTTP endpoint shared by the agent and the bridge: one that a slow or hostile client cannot starve.
+
+- At most ``max_connections`` connections are served at once, each on its own thread, so threads and
+  memory stop growing at the cap. When a new connection finds the cap reached, the connection that has
+  waited longest for its request is closed to make room (a half-open connection holds a slot only until
+  a real client needs it); when every slot is busy answering, the newcomer gets a quick 503.
+- A request must arrive in full within ``read_timeout`` of the connection (TLS handshake included), and
+  a keep-alive connection may stay idle for ``idle_timeout``; a sweep on the server thread closes the
+  ones past their deadline however slowly they trickle bytes.
+- The listen backlog is 128. A request that announces a body gets its answer and the connection is
+  closed, so that the body is never read as a further request.
+- TLS, basic auth and extra headers come from the web config (``webconfig.py``) and can be replaced
+  while serving (``set_web``). /healthz and /readyz stay open without credentials, for probes.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import ssl
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from http.server import BaseHTTPRequestHandler, HTTPServer
+from socketserver import ThreadingMixIn
+from typing import Any
+
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from gpu_exporter.web.webconfig import WebConfig
+
+__all__ = ["Limits", "Site", "WebServer", "accepts_gzip", "parse_listen"]
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n"
+
+
+@dataclass(frozen=True)
+class Limits:
+    max_connections: int = 64
+    read_timeout: float = 10.0
+    idle_timeout: float = 120.0
+
+
+@dataclass
+class Site:
+    """What the endpoint serves: the metrics page, readiness, and the index page's title."""
+
+    telemetry_path: str
+    page: Callable[[bool], bytes]  # accept_gzip -> body (gzip-compressed when True)
+    ready: Callable[[], tuple[bool, str]]
+    title: str = "gpu-exporter"
+    content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+
+
+def accepts_gzip(header: str | None) -> bool:
+    """True when ``Accept-Encoding`` allows gzip: listed (or ``*``) with a q-value above 0."""
+    best: float | None = None
+    star: float | None = None
+    for item in (header or "").split(","):
+        coding, _, params = item.strip().partition(";")
+        coding = coding.strip().lower()
+        q = 1.0
+        for param in params.split(";"):
+            key, _, value = param.strip().partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    q = float(value)
+                except ValueError:
+                    q = 0.0
+        if coding == "gzip" or coding == "x-gzip":
+            best = q if best is None else max(best, q)
+        elif coding == "*":
+            star = q
+    chosen = best if best is not None else star
+    return chosen is not None and chosen > 0
+
+
+def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]")
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    return host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), int(port), family
+
+
+class _Conn:
+    __slots__ = ("deadline", "sock", "waiting")
+
+    def __init__(self, sock: socket.socket, deadline: float) -> None:
+        self.sock = sock
+        self.deadline = deadline
+        self.waiting = True  # waiting for (the rest of) a request; False while one is answered
+
+    def kill(self) -> None:
+        try:
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # wakes the thread blocked in recv
+        except OSError:
+            pass
+
+
+class _Handler(BaseHTTPRequestHandler):
+    server: WebServer
+    protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
+    disable_nagle_algorithm = True  # headers and body leave at once, no 40 ms delayed-ACK stall
+
+    def setup(self) -> None:
+        super().setup()
+        limits = self.server.limits
+        self.connection.settimeout(limits.read_timeout + limits.idle_timeout)  # a backstop to the sweep
+
+    def parse_request(self) -> bool:
+        ok = super().parse_request()
+        conn = self.server.conn_of(self.request)
+        if conn is not None:
+            conn.waiting = False
+        if ok and (
+            self.headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in self.headers
+        ):
+            self.close_connection = True  # never read a body as the next request
+        return ok
+
+    def handle_one_request(self) -> None:
+        super().handle_one_request()
+        conn = self.server.conn_of(self.request)
+        if conn is not None:
+            conn.deadline = time.monotonic() + self.server.limits.idle_timeout
+            conn.waiting = True
+
+    def do_GET(self) -> None:
+        path = self.path.split("?", 1)[0]
+        srv = self.server
+        site = srv.site
+        if path not in OPEN_PATHS and srv.auth and not srv.auth.check(self.headers.get("Authorization")):
+            srv.stats.auth_failures += 1
+            self._send(401, b"unauthorized\n", {"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
+            return
+        if path == site.telemetry_path:
+            accept = accepts_gzip(self.headers.get("Accept-Encoding"))
+            body = site.page(accept)
+            headers = {"Content-Type": site.content_type, "Vary": "Accept-Encoding"}
+            if accept:
+                headers["Content-Encoding"] = "gzip"
+            self._send(200, body, headers)
+        elif path == "/healthz":
+            self._send(200, b"ok\n")
+        elif path == "/readyz":
+            ready, why = site.ready()
+            self._send(200 if ready else 503, (why + "\n").encode())
+        elif path == "/":
+            link = site.telemetry_path.replace("&", "&amp;").replace('"', "&quot;").replace("<", "&lt;")
+            html = (
+                f"<html><head><title>{site.title}</title></head><body><h1>{site.title}</h1>"
+                f'<p><a href="{link}">Metrics</a> <a href="/healthz">healthz</a> '
+                f'<a href="/readyz">readyz</a></p></body></html>\n'
+            )
+            self._send(200, html.encode(), {"Content-Type": "text/html; charset=utf-8"})
+        else:
+            self._send(404, b"not found\n")
+
+    do_HEAD = do_GET
+
+    def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        self.send_response(code)
+        for key, value in self.server.extra_headers:
+            self.send_header(key, value)
+        sent = dict(headers or {})
+        sent.setdefault("Content-Type", "text/plain; charset=utf-8")
+        for key, value in sent.items():
+            self.send_header(key, value)
+        self.send_header("Content-Length", str(len(body)))
+        if self.close_connection:
+            self.send_header("Connection", "close")
+        self.end_headers()
+        if self.command != "HEAD":
+            self.wfile.write(body)
+
+    def log_message(self, format: str, *args: Any) -> None:
+        log.debug("http %s %s", self.address_string(), format % args)
+
+
+class Stats:
+    def __init__(self) -> None:
+        self.accepted = 0
+        self.rejected = 0  # cap reached, every slot busy: 503
+        self.evicted = 0  # closed to make room for a newcomer
+        self.timeouts = 0  # request not in within the read timeout, or idle past the idle timeout
+        self.tls_failures = 0
+        self.auth_failures = 0
+
+
+class WebServer(ThreadingMixIn, HTTPServer):
+    daemon_threads = True
+    block_on_close = False  # no list of threads kept: the connection table bounds them
+    allow_reuse_address = True
+    request_queue_size = 128
+
+    def __init__(self, address: str, site: Site, web: WebConfig | None = None, limits: Limits | None = None) -> None:
+        host, port, family = parse_listen(address)
+        self.address_family = family
+        self.site = site
+        self.limits = limits or Limits()
+        self.stats = Stats()
+        self._conns: dict[int, _Conn] = {}
+        self._lock = threading.Lock()
+        self._thread: threading.Thread | None = None
+        self.set_web(web or WebConfig())
+        super().__init__((host, port), _Handler)
+
+    def set_web(self, web: WebConfig) -> None:
+        """Serve with this TLS, auth and headers from now on (open connections keep theirs)."""
+        tls = web.tls_state()
+        self.web, self.tls, self.auth, self.extra_headers = web, tls, web.auth(), web.headers
+
+    @property
+    def port(self) -> int:
+        return int(self.server_address[1])
+
+    @property
+    def scheme(self) -> str:
+        return "https" if self.tls is not None else "http"
+
+    # --- connection table ---
+    def conn_of(self, sock: Any) -> _Conn | None:
+        return self._conns.get(id(sock))
+
+    def process_request(self, request: Any, client_address: Any) -> None:
+        now = time.monotonic()
+        with self._lock:
+            refuse = False
+            if len(self._conns) >= self.limits.max_connections:
+                waiting = [c for c in self._conns.values() if c.waiting]
+                if waiting:  # make room: the one waiting longest for its request goes
+                    victim = min(waiting, key=lambda c: c.deadline)
+                    victim.waiting = False
+                    victim.kill()
+                    self._conns.pop(id(victim.sock), None)
+                    self.stats.evicted += 1
+                else:  # every slot is answering a request
+                    refuse = True
+                    self.stats.rejected += 1
+            if not refuse:
+                self._conns[id(request)] = _Conn(request, now + self.limits.read_timeout)
+                self.stats.accepted += 1
+        if refuse:
+            self._refuse(request)  # outside the lock: shutdown_request takes it
+            return
+        thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
+        thread.start()
+
+    def _refuse(self, request: socket.socket) -> None:
+        try:
+            request.setblocking(False)
+            if self.tls is None:
+                request.send(_BUSY)
+        except OSError:
+            pass
+        self.shutdown_request(request)
+
+    def finish_request(self, request: Any, client_address: Any) -> None:
+        tls = self.tls
+        if tls is None:
+            self.RequestHandlerClass(request, client_address, self)  # type: ignore[arg-type]
+            return
+        request.settimeout(self.limits.read_timeout)
+        try:
+            wrapped = tls.context().wrap_socket(request, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ssl.SSLError):
+            self.stats.tls_failures += 1
+            return
+        with self._lock:
+            conn = self._conns.pop(id(request), None)
+            if conn is not None:
+                conn.sock = wrapped
+                self._conns[id(wrapped)] = conn
+        try:
+            wrapped.do_handshake()
+            self.RequestHandlerClass(wrapped, client_address, self)  # type: ignore[arg-type]
+        except (OSError, ssl.SSLError) as exc:
+            if isinstance(exc, (ssl.SSLError, TimeoutError)):
+                self.stats.tls_failures += 1
+            log.debug("http: TLS connection from %s failed: %s", client_address, exc)
+        finally:
+            with self._lock:
+                self._conns.pop(id(wrapped), None)
+            try:
+                wrapped.close()
+            except OSError:
+                pass
+
+    def shutdown_request(self, request: Any) -> None:
+        with self._lock:
+            self._conns.pop(id(request), None)
+        super().shutdown_request(request)
+
+    def service_actions(self) -> None:
+        """On the server thread between accepts (every 0.5 s): close connections past their deadline."""
+        now = time.monotonic()
+        with self._lock:
+            late = [c for c in self._conns.values() if c.waiting and c.deadline < now]
+            for conn in late:
+                conn.waiting = False
+                conn.kill()
+            self.stats.timeouts += len(late)
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that hangs up mid-request is its own business: one debug line, no traceback."""
+        log.debug("http: request from %s failed: %s", client_address, sys.exc_info()[1])
+
+    # --- lifecycle ---
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self.shutdown()
+            self._thread.join(timeout=5.0)
+            self._thread = None
+        self.server_close()
+        with self._lock:
+            for conn in self._conns.values():
+                conn.kill()
+
+    def connections(self) -> int:
+        return len(self._conns)
+
+
+class ServerCollector:
+    """The endpoint's own counters, as ``<prefix>_http_*`` metrics."""
+
+    def __init__(self, server: Callable[[], WebServer | None], prefix: str = "gpu_exporter") -> None:
+        self._server = server
+        self.prefix = prefix
+
+    def collect(self) -> Iterator[Metric]:
+        server = self._server()
+        if server is None:
+            return
+        s, p = server.stats, self.prefix
+        yield GaugeMetricFamily(f"{p}_http_connections", "Open HTTP connections.", value=server.connections())
+        yield GaugeMetricFamily(
+            f"{p}_http_max_connections", "Cap on open HTTP connections.", value=server.limits.max_connections
+        )
+        yield CounterMetricFamily(f"{p}_http_connections_accepted", "HTTP connections accepted.", value=s.accepted)
+        closed = CounterMetricFamily(
+            f"{p}_http_connections_dropped",
+            "HTTP connections refused or closed by the server: limit (cap reached, every slot busy: 503), "
+            "evicted (a waiting connection closed to make room), timeout (request or idle deadline), tls.",
+            labels=["reason"],
+        )
+        for reason, value in (
+            ("limit", s.rejected),
+            ("evicted", s.evicted),
+            ("timeout", s.timeouts),
+            ("tls", s.tls_failures),
+        ):
+            closed.add_metric([reason], value)
+        yield closed
+        yield CounterMetricFamily(
+            f"{p}_http_auth_failures", "Requests refused for missing or wrong credentials.", value=s.auth_failures
+        )
