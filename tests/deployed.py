@@ -17,17 +17,22 @@ from __future__ import annotations
 import os
 import re
 import subprocess
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from types import SimpleNamespace
+from typing import Any, cast
 from urllib.parse import urlsplit
 
+import pytest
 import yaml
 
 from .agent_proc import Proc
+from .bridge_helpers import BridgeProcess
 from .conftest import child_env, exporter_cmd
-from .mosquitto import wait_until
-from .tsdb import MosquittoServer, free_port
+from .mosquitto import Broker, Collector, make_tls, wait_until
+from .tcp_proxy import TcpProxy
+from .tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, free_port
 
 ROOT = Path(__file__).resolve().parent.parent
 DAEMONSET = ROOT / "deploy" / "daemonset.yaml"
@@ -215,3 +220,37 @@ class CloudBroker(MosquittoServer):
     def url(self) -> str:
         """The in-cluster listener, for the bridge and test subscribers."""
         return f"mqtt://127.0.0.1:{self.internal_port}"
+
+
+@dataclass
+class Cloud:
+    broker: CloudBroker
+    tsdb: Server
+    bridge: BridgeProcess
+    seen: Collector
+    wan: TcpProxy
+    tls: dict[str, str]
+
+
+@pytest.fixture(name="cloud")
+def cloud_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cloud]:
+    """The cloud side behind a WAN proxy; ``request.param`` names the TSDB (victoria-metrics, prometheus)."""
+    tls = make_tls(tmp_path / "pki", client=False)
+    broker = CloudBroker(tmp_path / "cloud-broker", tls)
+    tsdb: Server = (
+        VictoriaMetricsServer(tmp_path / "vm")
+        if request.param == "victoria-metrics"
+        else PrometheusServer(tmp_path / "prom", ooo_window="1h")
+    )
+    broker.start()
+    tsdb.start()
+    bridge = BridgeProcess(tmp_path, broker, tsdb.write_url, "cloud-bridge")  # type: ignore[arg-type]
+    try:
+        internal = cast(Broker, SimpleNamespace(port=broker.internal_port))
+        with Collector(internal) as seen, TcpProxy(("127.0.0.1", broker.port)) as wan:
+            bridge.start()
+            yield Cloud(broker, tsdb, bridge, seen, wan, tls)
+    finally:
+        bridge.stop()
+        tsdb.stop()
+        broker.stop()

@@ -16,21 +16,17 @@ from __future__ import annotations
 
 import math
 import time
-from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
-from types import SimpleNamespace
-from typing import Any, cast
+from typing import Any
 
 import pytest
 
 from gpu_exporter import catalog
 
-from .bridge_helpers import BridgeProcess, stored_points
-from .deployed import CloudBroker, DeployedAgent, Manifest, node_agent, provision_node_credentials
-from .mosquitto import Broker, Collector, make_tls, wait_until
-from .tcp_proxy import TcpProxy
-from .tsdb import PrometheusServer, Server, VictoriaMetricsServer
+from .bridge_helpers import stored_points
+from .deployed import Cloud, DeployedAgent, Manifest, cloud_fixture, node_agent, provision_node_credentials  # noqa: F401
+from .mosquitto import Collector, wait_until
+from .tsdb import Server
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(120)]
 
@@ -50,39 +46,6 @@ FAST = {
 LARGEST_QUEUE = 100
 
 Point = tuple[frozenset[tuple[str, str]], int, float]
-
-
-@dataclass
-class Cloud:
-    broker: CloudBroker
-    tsdb: Server
-    bridge: BridgeProcess
-    seen: Collector
-    wan: TcpProxy
-    tls: dict[str, str]
-
-
-@pytest.fixture
-def cloud(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cloud]:
-    tls = make_tls(tmp_path / "pki", client=False)
-    broker = CloudBroker(tmp_path / "cloud-broker", tls)
-    tsdb: Server = (
-        VictoriaMetricsServer(tmp_path / "vm")
-        if request.param == "victoria-metrics"
-        else PrometheusServer(tmp_path / "prom", ooo_window="1h")
-    )
-    broker.start()
-    tsdb.start()
-    bridge = BridgeProcess(tmp_path, broker, tsdb.write_url, "cloud-bridge")  # type: ignore[arg-type]
-    try:
-        internal = cast(Broker, SimpleNamespace(port=broker.internal_port))
-        with Collector(internal) as seen, TcpProxy(("127.0.0.1", broker.port)) as wan:
-            bridge.start()
-            yield Cloud(broker, tsdb, bridge, seen, wan, tls)
-    finally:
-        bridge.stop()
-        tsdb.stop()
-        broker.stop()
 
 
 def _agent(cloud: Cloud, tmp_path: Path, **config: Any) -> DeployedAgent:
