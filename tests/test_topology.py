@@ -14,7 +14,9 @@ timestamp, including those taken while the link was down.
 
 from __future__ import annotations
 
+import json
 import math
+import subprocess
 import time
 from pathlib import Path
 from typing import Any
@@ -24,6 +26,7 @@ import pytest
 from gpu_exporter import catalog
 
 from .bridge_helpers import stored_points
+from .conftest import child_env, exporter_cmd
 from .deployed import Cloud, DeployedAgent, Manifest, cloud_fixture, node_agent, provision_node_credentials  # noqa: F401
 from .mosquitto import Collector, wait_until
 from .tsdb import Server
@@ -150,6 +153,17 @@ def test_a_wan_cut_longer_than_any_queue_loses_no_sample(cloud: Cloud, tmp_path:
         # one sample per batch: more batches waited in the spool than any queue on the path holds
         assert outage["held"] > LARGEST_QUEUE
         _check_every_sample_landed(cloud, agent, outage)
+        # the broker hop, checked as docs/kubernetes.md says: `gpu-exporter tail` on the cloud broker
+        tail = subprocess.run(
+            exporter_cmd("tail", f"--mqtt.url={cloud.broker.url}", f"--node={NODE}", "--count=1", "--timeout=20s"),
+            env=child_env(),
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert tail.returncode == 0, tail.stderr
+        line = json.loads(tail.stdout.splitlines()[0])
+        assert line["node"] == NODE and line["seq"] > 0 and "gpu_utilization_ratio" in line["values"]
     finally:
         agent.stop()
 
