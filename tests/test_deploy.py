@@ -257,7 +257,8 @@ def test_config_from_configmap_and_credentials_from_secret(
     # the agent itself accepts the file: every key is a known option with a valid value
     path = tmp_path / "config.yaml"
     path.write_text(configmap["data"]["config.yaml"], encoding="utf-8")
-    loaded = config.load({"config.file": str(path)}, environ={})
+    # (forwarding's certificate files live on each node: tests/test_deploy_cloud.py loads it with them)
+    loaded = config.load({"config.file": str(path), "mqtt.url": ""}, environ={})
     assert loaded.path_procfs == "/host/proc"
     # what pod attribution reads is mounted, read-only, from the host
     volumes = {v["name"]: v for v in spec["volumes"]}
@@ -285,8 +286,9 @@ def test_config_from_configmap_and_credentials_from_secret(
     assert {item["key"] for item in volume["secret"]["items"]} <= set(secret["stringData"])
     mount = next(m for m in _agent(docs)["volumeMounts"] if m["name"] == volume["name"])
     assert mount["readOnly"] is True
-    if loaded.mqtt_url:
-        assert loaded.mqtt_url.startswith("mqtt://127.0.0.1:")  # KubeEdge: the node's own broker
+    url = yaml.safe_load(configmap["data"]["config.yaml"]).get("mqtt.url")
+    if url:
+        assert url.startswith("mqtts://")  # KubeEdge: straight to the cloud broker, over TLS
         assert loaded.spool_max_bytes <= 1 << 30
 
 
