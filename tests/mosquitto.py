@@ -176,7 +176,9 @@ class Collector:
         if client_args.get("username"):
             self.client.username_pw_set(client_args["username"], client_args.get("password"))
         if client_args.get("tls_ca"):
-            self.client.tls_set(ca_certs=client_args["tls_ca"])
+            self.client.tls_set(
+                ca_certs=client_args["tls_ca"], certfile=client_args.get("tls_cert"), keyfile=client_args.get("tls_key")
+            )
         self.client.on_connect = self._on_connect
         self.client.on_subscribe = self._on_subscribe
         self.client.on_message = self._on_message

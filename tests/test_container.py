@@ -37,7 +37,7 @@ from gpu_exporter import config
 from . import container_sandbox as sandbox
 from . import kustomize_lite
 from .conftest import free_port, http_get, wait_for
-from .mosquitto import Broker, Collector
+from .mosquitto import Broker, Collector, make_tls
 
 ROOT = Path(__file__).resolve().parent.parent
 DEPLOY = ROOT / "deploy"
@@ -224,7 +224,9 @@ def pods(tmp_path: Path) -> Iterator[list[Pod]]:
 
 @pytest.fixture
 def broker(tmp_path: Path) -> Iterator[Broker]:
-    b = Broker(tmp_path / "mosquitto")
+    """The cloud broker, over TLS with client certificates, as the KubeEdge overlay expects it."""
+    tls = make_tls(tmp_path / "pki")
+    b = Broker(tmp_path / "mosquitto", tls={**tls, "require_certificate": "true"})
     b.start()
     try:
         yield b
@@ -237,9 +239,22 @@ def golden_lines(path: Path, *families: str) -> list[str]:
     return [ln for ln in path.read_text().splitlines() if ln.split("{")[0] in families]
 
 
+def provision_credentials(node: sandbox.Node, tls: dict[str, str]) -> None:
+    """What docs/kubernetes.md has an operator do when a node joins: its client certificate, key and the
+    broker's CA in the host's /etc/gpu-exporter/mqtt, readable by the agent's user."""
+    folder = node.root / "etc" / "gpu-exporter" / "mqtt"
+    folder.mkdir(parents=True, exist_ok=True)
+    for name, source in (("ca.crt", tls["ca"]), ("tls.crt", tls["client_cert"]), ("tls.key", tls["client_key"])):
+        shutil.copyfile(source, folder / name)
+        os.chmod(folder / name, 0o644)
+
+
 def serve_and_forward(pod: Pod, broker: Broker, expected: list[str], uuid: str) -> str:
     """The pod serves ``expected`` on /metrics and its batches reach the broker with ``uuid``'s readings."""
-    with Collector(broker) as collector:
+    assert broker.tls is not None
+    provision_credentials(pod.node, broker.tls)
+    tls = broker.tls
+    with Collector(broker, tls_ca=tls["ca"], tls_cert=tls["client_cert"], tls_key=tls["client_key"]) as collector:
         page = pod.start(broker)
 
         def missing() -> list[str]:
