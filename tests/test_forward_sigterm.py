@@ -52,7 +52,7 @@ def test_sigterm_forwards_or_journals_every_sample_taken_the_last_one_included(
         if broker_up:
             assert wait_until(lambda: len(sub.seqs()) == 1 and max(next(iter(sub.seqs().values()))) >= taken, 10)
         received = sub.seqs()
-    boots = set(received) | {b for b in _spooled_boots(spool_dir)}
+    boots = set(received) | _spooled_boots(spool_dir)
     assert len(boots) == 1, boots
     (boot,) = boots
     kept = received.get(boot, set()) | spooled_seqs(spool_dir, boot)
