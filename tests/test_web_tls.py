@@ -229,19 +229,16 @@ def _serve_https(log_path: Path, ca: str, port: int, probe: str, *args: str) -> 
     return proc
 
 
-def test_prometheus_scrapes_the_agent_over_https_with_basic_auth(tmp_path: Path, tls: dict[str, str]) -> None:
+def _agent_over_https(tmp_path: Path, tls: dict[str, str]) -> tuple[subprocess.Popen[bytes], int, Path]:
+    """The agent with web_file's TLS and basic auth, ready: (process, port, log file)."""
     port = free_port()
-    web = web_file(tmp_path, tls)
     log_path = tmp_path / "agent.log"
-    agent = _serve_https(
-        log_path,
-        tls["ca"],
-        port,
-        "/readyz",
-        *FAST,
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--web.config.file={web}",
-    )
+    listen, web = f"--web.listen-address=127.0.0.1:{port}", f"--web.config.file={web_file(tmp_path, tls)}"
+    return _serve_https(log_path, tls["ca"], port, "/readyz", *FAST, listen, web), port, log_path
+
+
+def test_prometheus_scrapes_the_agent_over_https_with_basic_auth(tmp_path: Path, tls: dict[str, str]) -> None:
+    agent, port, _ = _agent_over_https(tmp_path, tls)
     prometheus = PrometheusServer(tmp_path / "prom", ooo_window=None)
     password_file = _write(tmp_path / "password", PASSWORD)
     (prometheus.workdir / "prometheus.yml").write_text(
@@ -292,18 +289,7 @@ def _swap_user(path: Path, old: str, new: str) -> None:
 
 
 def test_a_changed_web_config_file_is_served_without_a_signal(tmp_path: Path, tls: dict[str, str]) -> None:
-    port = free_port()
-    web = web_file(tmp_path, tls)
-    log_path = tmp_path / "agent.log"
-    agent = _serve_https(
-        log_path,
-        tls["ca"],
-        port,
-        "/readyz",
-        *FAST,
-        f"--web.listen-address=127.0.0.1:{port}",
-        f"--web.config.file={web}",
-    )
+    agent, port, log_path = _agent_over_https(tmp_path, tls)
     base = f"https://127.0.0.1:{port}"
 
     def answers(user: str) -> int:
@@ -314,7 +300,7 @@ def test_a_changed_web_config_file_is_served_without_a_signal(tmp_path: Path, tl
 
     try:
         assert answers("prometheus") == 200
-        _swap_user(Path(web), "prometheus", "grafana")
+        _swap_user(tmp_path / "web.yml", "prometheus", "grafana")
         assert wait_until(lambda: answers("grafana") == 200, 10), log_path.read_text()
         assert answers("prometheus") == 401
     finally:
