@@ -166,20 +166,29 @@ def start_exporter(interval: str) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("exporter did not start")
 
 
-def scrape_latency(seconds: float, clients: int = 4) -> tuple[float, float, int]:
-    proc, port = start_exporter("1s")
+def stop_process(proc: subprocess.Popen[bytes], timeout: float = 10.0) -> None:
+    """SIGTERM by PID; SIGKILL when it outlives ``timeout``."""
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(5)
+
+
+def scrape_clients(port: int, seconds: float, clients: int = 4) -> list[float]:
+    """Sorted latencies (seconds) of gzip scrapes of /metrics by ``clients`` keep-alive clients at once."""
     latencies: list[float] = []
     lock = threading.Lock()
-    stop = time.monotonic() + seconds
+    until = time.monotonic() + seconds
 
     def client() -> None:
         conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
         mine = []
-        while time.monotonic() < stop:
+        while time.monotonic() < until:
             t0 = time.perf_counter()
             conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-            response = conn.getresponse()
-            response.read()
+            conn.getresponse().read()
             mine.append(time.perf_counter() - t0)
         with lock:
             latencies.extend(mine)
@@ -189,9 +198,13 @@ def scrape_latency(seconds: float, clients: int = 4) -> tuple[float, float, int]
         t.start()
     for t in threads:
         t.join()
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(10)
-    latencies.sort()
+    return sorted(latencies)
+
+
+def scrape_latency(seconds: float, clients: int = 4) -> tuple[float, float, int]:
+    proc, port = start_exporter("1s")
+    latencies = scrape_clients(port, seconds, clients)
+    stop_process(proc)
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[int(len(latencies) * 0.99)]
     return p50, p99, len(latencies)
@@ -211,9 +224,9 @@ def proc_rss(pid: int) -> float:
     return 0.0
 
 
-def cpu_and_rss(seconds: float) -> tuple[float, float, float]:
-    """CPU % of one core over ``seconds`` at a 1 s interval, with a scrape every 15 s (as Prometheus)."""
-    proc, port = start_exporter("1s")
+def steady_usage(proc: subprocess.Popen[bytes], port: int, seconds: float) -> tuple[float, float, float]:
+    """CPU % of one core, RSS and peak RSS (MiB) of ``proc`` over ``seconds`` after a 3 s start-up, with a
+    gzip scrape every 15 s (as Prometheus); then it is stopped."""
     time.sleep(3)  # imports and first samples are start-up, not steady state
     cpu0, t0 = proc_cpu(proc.pid), time.monotonic()
     peak = 0.0
@@ -228,9 +241,13 @@ def cpu_and_rss(seconds: float) -> tuple[float, float, float]:
         time.sleep(0.5)
     cpu = (proc_cpu(proc.pid) - cpu0) / (time.monotonic() - t0) * 100
     rss = proc_rss(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(10)
+    stop_process(proc)
     return cpu, rss, peak
+
+
+def cpu_and_rss(seconds: float) -> tuple[float, float, float]:
+    """CPU % of one core over ``seconds`` at a 1 s interval, with a scrape every 15 s (as Prometheus)."""
+    return steady_usage(*start_exporter("1s"), seconds)
 
 
 def full_ring_rss() -> tuple[float, float]:
@@ -248,8 +265,7 @@ def full_ring_rss() -> tuple[float, float]:
         time.sleep(2)
     time.sleep(5)
     full = proc_rss(proc.pid)
-    proc.send_signal(signal.SIGTERM)
-    proc.wait(10)
+    stop_process(proc)
     return early, full
 
 

@@ -22,18 +22,16 @@ from __future__ import annotations
 import argparse
 import http.client
 import os
-import signal
 import statistics
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_core import GPUS, MIG, ROOT, free_port, proc_cpu, proc_rss, start_exporter
+from bench_core import GPUS, MIG, ROOT, free_port, scrape_clients, start_exporter, steady_usage, stop_process
 
 NVITOP_VERSION = "1.7.2"
 
@@ -114,63 +112,21 @@ def start_nvitop(venv: Path) -> tuple[subprocess.Popen[bytes], int]:
     raise SystemExit("nvitop-exporter did not serve GPU series within 30 s")
 
 
-def stop(proc: subprocess.Popen[bytes]) -> None:
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(10)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
-
-
 def scrape_latency(launch: Launch, seconds: float, clients: int = 4) -> tuple[float, float, int, int]:
     """p50, p99 (seconds), scrapes, and the uncompressed page size in bytes."""
     proc, port = launch()
-    latencies: list[float] = []
-    lock = threading.Lock()
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
     conn.request("GET", "/metrics")
     size = len(conn.getresponse().read())
     conn.close()
-    until = time.monotonic() + seconds
-
-    def client() -> None:
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-        mine = []
-        while time.monotonic() < until:
-            t0 = time.perf_counter()
-            conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-            conn.getresponse().read()
-            mine.append(time.perf_counter() - t0)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client) for _ in range(clients)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    stop(proc)
-    latencies.sort()
+    latencies = scrape_clients(port, seconds, clients)
+    stop_process(proc)
     return latencies[len(latencies) // 2], latencies[int(len(latencies) * 0.99)], len(latencies), size
 
 
 def cpu_and_rss(launch: Launch, seconds: float) -> tuple[float, float]:
     """CPU % of one core and RSS (MiB) over ``seconds`` at a 1 s interval, scraped every 15 s."""
-    proc, port = launch()
-    time.sleep(3)  # imports and first collections are start-up, not steady state
-    cpu0, t0 = proc_cpu(proc.pid), time.monotonic()
-    next_scrape = 0.0
-    while time.monotonic() - t0 < seconds:
-        if time.monotonic() >= next_scrape:
-            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
-            conn.request("GET", "/metrics", headers={"Accept-Encoding": "gzip"})
-            conn.getresponse().read()
-            next_scrape = time.monotonic() + 15
-        time.sleep(0.5)
-    cpu = (proc_cpu(proc.pid) - cpu0) / (time.monotonic() - t0) * 100
-    rss = proc_rss(proc.pid)
-    stop(proc)
+    cpu, rss, _ = steady_usage(*launch(), seconds)
     return cpu, rss
 
 

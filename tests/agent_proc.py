@@ -6,7 +6,7 @@ import signal
 import subprocess
 from pathlib import Path
 
-from .conftest import child_env, exporter_cmd, free_port, http_get
+from .conftest import child_env, exporter_cmd, free_port, http_get, stop_process
 from .mosquitto import wait_until
 
 FAST = ["--gpu-vendor=fake", "--fake.gpus=2", "--gpu-metrics-collection-interval=200ms", "--node-name=edge-1"]
@@ -58,11 +58,4 @@ class Proc:
 
     def stop(self, sig: int = signal.SIGTERM) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, 15)

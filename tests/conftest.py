@@ -10,8 +10,9 @@ import subprocess
 import sys
 import time
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -85,13 +86,46 @@ def http_get(
         return exc.code, exc.read(), dict(exc.headers)
 
 
-def wait_for(predicate, timeout: float = 15.0, step: float = 0.05) -> bool:  # type: ignore[no-untyped-def]
+def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy or ``timeout`` passes (then return it)."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(step)
-    return False
+    while True:
+        value = predicate()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval)
+
+
+def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> bool:
+    return bool(wait_until(predicate, timeout, step))
+
+
+def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
+    """Signal a child by its PID and wait; SIGKILL when it outlives ``timeout``. Its exit status."""
+    if proc.poll() is None:
+        proc.send_signal(sig)
+        try:
+            proc.wait(timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(5)
+    return int(proc.returncode)
+
+
+def lone_bridge_args(port: int) -> list[str]:
+    """``bridge`` serving its endpoint on ``port``, its broker and remote write unreachable (port 1)."""
+    return [
+        "bridge",
+        "--mqtt.url=mqtt://127.0.0.1:1",
+        "--remote-write.url=http://127.0.0.1:1/api/v1/write",
+        f"--bridge.listen-address=127.0.0.1:{port}",
+    ]
+
+
+def spawn_logged(log_path: Path, *args: str) -> subprocess.Popen[bytes]:
+    """``gpu-exporter ARGS`` as a child whose output goes to ``log_path`` (readable while it runs)."""
+    with open(log_path, "wb") as log:
+        return subprocess.Popen(exporter_cmd(*args), env=child_env(), stdout=log, stderr=log)
 
 
 class Exporter:
@@ -128,14 +162,7 @@ class Exporter:
 
     def stop(self, sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
         assert self.proc is not None
-        if self.proc.poll() is None:
-            self.proc.send_signal(sig)
-            try:
-                self.proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait(5)
-        return int(self.proc.returncode)
+        return stop_process(self.proc, sig, timeout)
 
     def output(self) -> str:
         if self.proc is None or self.proc.stdout is None:

@@ -14,13 +14,11 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import threading
-import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,24 +30,12 @@ from paho.mqtt.properties import Properties
 
 from gpu_exporter.forward.batch import Batch, PayloadError, decode
 
+from .conftest import free_port, stop_process, wait_until
+
+__all__ = ["Broker", "Collector", "broker_fixture", "make_tls", "wait_until"]
+
 MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 MOSQUITTO_PASSWD = shutil.which("mosquitto_passwd") or "/usr/bin/mosquitto_passwd"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0.05) -> Any:
-    """Poll ``predicate`` until it returns something truthy or ``timeout`` passes (then return it)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = predicate()
-        if value or time.monotonic() >= deadline:
-            return value
-        time.sleep(interval)
 
 
 class Broker:
@@ -120,12 +106,7 @@ class Broker:
         proc, self.proc = self.proc, None
         if proc is None:
             return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(5)
+        stop_process(proc)
         if proc.stderr is not None:
             proc.stderr.close()
 

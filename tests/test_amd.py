@@ -44,6 +44,24 @@ def scalar(sample, key, labels=()):
     return sample.values.get((key, labels))
 
 
+def open_amd_in_child(pythonpath: str, **env: str) -> list[str]:
+    """The lines a fresh interpreter prints when it opens the AMD backend (``ERR <message>`` on failure)."""
+    code = (
+        "from gpu_exporter.backends import amd\n"
+        "from gpu_exporter.backends.base import BackendError\n"
+        "from gpu_exporter.config import Config\n"
+        "try:\n"
+        "    amd.create(Config()).open()\n"
+        "except BackendError as e:\n"
+        "    print('ERR', e)\n"
+    )
+    child_env = {"PYTHONPATH": pythonpath, "PATH": "/usr/bin:/bin", **env}
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=child_env, timeout=60, check=True
+    )
+    return out.stdout.strip().splitlines()
+
+
 def test_mi300_reads_current_power_junction_and_hottest_hbm_stack():
     backend, _ = opened(mi300x())
     [gpu] = backend.read()
@@ -259,23 +277,8 @@ def test_close_shuts_the_library_down():
 )
 def test_real_package_without_rocm_library_gives_library_not_found(tmp_path):
     """The installed amdsmi raises KeyError at import when libamd_smi.so is missing (as here)."""
-    code = (
-        "from gpu_exporter.backends import amd\n"
-        "from gpu_exporter.backends.base import BackendError\n"
-        "from gpu_exporter.config import Config\n"
-        "try:\n"
-        "    amd.create(Config()).open()\n"
-        "except BackendError as e:\n"
-        "    print('ERR', e)\n"
-    )
-    env = {
-        "PYTHONPATH": str(Path(__file__).parents[1] / "src"),
-        "PATH": "/usr/bin:/bin",
-        "ROCM_PATH": str(tmp_path),
-    }
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
-    lines = out.stdout.strip().splitlines()
+    lines = open_amd_in_child(str(Path(__file__).parents[1] / "src"), ROCM_PATH=str(tmp_path))
     # the package's own two printed lines are swallowed: only our one line remains
-    assert len(lines) == 1, out.stdout
+    assert len(lines) == 1, lines
     assert lines[0].startswith("ERR AMD SMI library not found (libamd_smi.so)")
     assert "/dev/kfd" in lines[0]

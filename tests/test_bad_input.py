@@ -17,7 +17,7 @@ import pytest
 from gpu_exporter import config as cfg
 
 from .agent_proc import FAST, Proc
-from .conftest import child_env, exporter_cmd
+from .conftest import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process, wait_until
 
 # A child may use at most this much address space: a loader that expands aliases or reads /dev/zero
 # whole fails with MemoryError (a traceback) instead of growing the test machine to gigabytes.
@@ -147,23 +147,8 @@ def test_sighup_reloads_instead_of_ending_the_agent(tmp_path: Path) -> None:
 
 
 def test_sighup_does_not_end_the_bridge(tmp_path: Path) -> None:
-    from .conftest import free_port
-    from .mosquitto import wait_until
-
-    port = free_port()
     log_path = tmp_path / "bridge.log"
-    with open(log_path, "wb") as log:
-        bridge = subprocess.Popen(
-            exporter_cmd(
-                "bridge",
-                "--mqtt.url=mqtt://127.0.0.1:1",
-                "--remote-write.url=http://127.0.0.1:1/api/v1/write",
-                f"--bridge.listen-address=127.0.0.1:{port}",
-            ),
-            env=child_env(),
-            stdout=log,
-            stderr=log,
-        )
+    bridge = spawn_logged(log_path, *lone_bridge_args(free_port()))
     try:
         assert wait_until(lambda: "bridge" in log_path.read_text() or bridge.poll() is not None, 20)
         assert bridge.poll() is None, log_path.read_text()
@@ -171,9 +156,4 @@ def test_sighup_does_not_end_the_bridge(tmp_path: Path) -> None:
         assert wait_until(lambda: "SIGHUP" in log_path.read_text() or bridge.poll() is not None, 10)
         assert bridge.poll() is None, log_path.read_text()
     finally:
-        bridge.send_signal(signal.SIGTERM)
-        try:
-            bridge.wait(20)
-        except subprocess.TimeoutExpired:
-            bridge.kill()
-            bridge.wait(5)
+        stop_process(bridge, timeout=20)

@@ -316,15 +316,30 @@ def test_nvidia_node_without_the_nvidia_runtime_fails(
 AMD_GOLDEN = FIXTURES / "amd" / "mi300x_mi210.prom"
 
 
-def check_amd(docs: list[dict[str, Any]], tmp_path: Path, broker: Broker, pods: list[Pod]) -> None:
-    pod = Pod(docs, amd_node(tmp_path), tmp_path / "pod")
+def serve_golden(
+    docs: list[dict[str, Any]],
+    node: sandbox.Node,
+    tmp_path: Path,
+    golden: Path,
+    families: tuple[str, ...],
+    broker: Broker,
+    pods: list[Pod],
+) -> tuple[str, str]:
+    """The agent on ``node`` serves the golden file's lines of ``families`` and forwards its first GPU's
+    samples: (the page, that GPU's uuid)."""
+    pod = Pod(docs, node, tmp_path / "pod")
     pods.append(pod)
-    expected = golden_lines(
-        AMD_GOLDEN, "gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts", "gpu_temperature_celsius"
-    )
+    expected = golden_lines(golden, *families)
     assert len(expected) >= 6
     uuid = expected[0].split('uuid="')[1].split('"')[0]
-    serve_and_forward(pod, broker, expected, uuid)
+    return serve_and_forward(pod, broker, expected, uuid), uuid
+
+
+AMD_FAMILIES = ("gpu_utilization_ratio", "gpu_memory_used_bytes", "gpu_power_watts", "gpu_temperature_celsius")
+
+
+def check_amd(docs: list[dict[str, Any]], tmp_path: Path, broker: Broker, pods: list[Pod]) -> None:
+    serve_golden(docs, amd_node(tmp_path), tmp_path, AMD_GOLDEN, AMD_FAMILIES, broker, pods)
 
 
 def test_amd_node(tmp_path: Path, broker: Broker, pods: list[Pod]) -> None:
@@ -367,14 +382,11 @@ JETSON_FAMILIES = (
 
 
 def check_jetson(docs: list[dict[str, Any]], tmp_path: Path, board: str, broker: Broker, pods: list[Pod]) -> str:
-    pod = Pod(docs, jetson_node(tmp_path, board), tmp_path / "pod")
-    pods.append(pod)
-    expected = golden_lines(FIXTURES / "jetson" / board / "metrics.prom", *JETSON_FAMILIES)
-    assert len(expected) >= 6
+    golden = FIXTURES / "jetson" / board / "metrics.prom"
+    page, uuid = serve_golden(docs, jetson_node(tmp_path, board), tmp_path, golden, JETSON_FAMILIES, broker, pods)
     # the uuid from the device tree's serial number: the same series as an agent on the host writes
-    uuid = expected[0].split('uuid="')[1].split('"')[0]
     assert uuid != "jetson-" and not uuid.startswith("jetson-1700")
-    return serve_and_forward(pod, broker, expected, uuid)
+    return page
 
 
 @pytest.mark.parametrize("board", ["orin-jp6", "xavier-jp4"])

@@ -4,8 +4,6 @@ dcgm-exporter serves it."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -16,6 +14,8 @@ from gpu_exporter.config import Config
 from gpu_exporter.exposition import native_view, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.naming import dcgm_view
+
+from .test_health import read_until_xid
 
 GPU = DeviceId("0", "GPU-aaaa")
 INFO = {"name": "NVIDIA H100", "pci_bus_id": "00000000:18:00.0", "device": "nvidia0", "driver_version": "550"}
@@ -53,11 +53,7 @@ def test_dcgm_page_of_simulated_gpus_shows_the_last_xid_and_the_xid_counts() -> 
         backend.read()
         sim.xid(1, 48)
         sim.xid(1, 79)
-        deadline = time.monotonic() + 5
-        devices = backend.read()
-        while devices[1].values[("xid_errors", ("79",))] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-            devices = backend.read()
+        devices = read_until_xid(backend, 1, 79)
     finally:
         backend.close()
     page = render(Sample(1, 1000.0, tuple(devices)), dcgm_view("edge-1"))

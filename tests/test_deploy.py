@@ -49,6 +49,22 @@ def _render(overlay: str) -> list[dict[str, Any]]:
     return _render_path(DEPLOY / overlay)
 
 
+def render_with(tmp_path: Path, component: str, overlay: str = "kubeedge") -> list[dict[str, Any]]:
+    """The overlay plus one component, as an operator's own kustomization would combine them."""
+    where = tmp_path / f"{overlay}-{component}"
+    where.mkdir()
+    (where / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "resources": [os.path.relpath(DEPLOY / overlay, where)],
+                "components": [os.path.relpath(DEPLOY / "components" / component, where)],
+            }
+        ),
+        encoding="utf-8",
+    )
+    return _render_path(where)
+
+
 def _one(docs: list[dict[str, Any]], kind: str) -> dict[str, Any]:
     found = [d for d in docs if d["kind"] == kind]
     assert len(found) == 1, f"expected one {kind}, found {len(found)}"
@@ -298,18 +314,7 @@ def test_pod_resources_component_is_opt_in(tmp_path: Path) -> None:
     for overlay in OVERLAYS:
         mounts = {m["mountPath"] for m in _agent(_render(overlay))["volumeMounts"]}
         assert "/var/lib/kubelet/pod-resources" not in mounts
-    overlay = tmp_path / "with-pod-resources"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "resources": [os.path.relpath(DEPLOY / "kubernetes", overlay)],
-                "components": [os.path.relpath(DEPLOY / "components" / "pod-resources", overlay)],
-            }
-        ),
-        encoding="utf-8",
-    )
-    docs = _render_path(overlay)
+    docs = render_with(tmp_path, "pod-resources", "kubernetes")
     agent = _agent(docs)
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
     assert mount["readOnly"] is True

@@ -3,47 +3,22 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
-from . import kustomize_lite
 from .conftest import SRC
-
-ROOT = Path(__file__).resolve().parent.parent
-DEPLOY = ROOT / "deploy"
-
-
-def render_with(tmp_path: Path, component: str, overlay: str = "kubeedge") -> list[dict[str, Any]]:
-    """The overlay plus one component, as an operator's own kustomization would combine them."""
-    where = tmp_path / f"{overlay}-{component}"
-    where.mkdir()
-    (where / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "resources": [os.path.relpath(DEPLOY / overlay, where)],
-                "components": [os.path.relpath(DEPLOY / "components" / component, where)],
-            }
-        ),
-        encoding="utf-8",
-    )
-    return kustomize_lite.build(where)
-
-
-def pod_spec(docs: list[dict[str, Any]]) -> dict[str, Any]:
-    [daemonset] = [d for d in docs if d["kind"] == "DaemonSet"]
-    spec: dict[str, Any] = daemonset["spec"]["template"]["spec"]
-    return spec
+from .test_amd import open_amd_in_child
+from .test_deploy import DEPLOY, K8S_VERSION, render_with
+from .test_deploy import _pod_spec as pod_spec
 
 
 def validate(docs: list[dict[str, Any]]) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     for doc in docs:
-        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
 
 
 @pytest.mark.parametrize("overlay", ["kubeedge", "kubernetes"])
@@ -99,17 +74,6 @@ def test_amdsmi_newer_than_the_hosts_library_is_one_line(tmp_path: Path) -> None
     """The package binds the library's symbols at import; one the host's older ROCm lacks is named."""
     (tmp_path / "amdsmi").mkdir()
     (tmp_path / "amdsmi" / "__init__.py").write_text(SHIM)
-    code = (
-        "from gpu_exporter.backends import amd\n"
-        "from gpu_exporter.backends.base import BackendError\n"
-        "from gpu_exporter.config import Config\n"
-        "try:\n"
-        "    amd.create(Config()).open()\n"
-        "except BackendError as e:\n"
-        "    print('ERR', e)\n"
-    )
-    env = {"PYTHONPATH": os.pathsep.join([str(tmp_path), str(SRC)]), "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60, check=True)
-    lines = out.stdout.strip().splitlines()
-    assert len(lines) == 1 and lines[0].startswith("ERR AMD SMI library libamd_smi.so lacks a function"), out
+    lines = open_amd_in_child(os.pathsep.join([str(tmp_path), str(SRC)]))
+    assert len(lines) == 1 and lines[0].startswith("ERR AMD SMI library libamd_smi.so lacks a function"), lines
     assert "--build-arg AMDSMI=amdsmi==" in lines[0]

@@ -78,6 +78,8 @@ def test_jetson_sysfs_unreachable_fails(tmp_path: Path) -> None:
 def _procfs(root: Path, cgroup: str) -> str:
     (root / "1").mkdir(parents=True)
     (root / "1" / "cgroup").write_text(cgroup)
+    (root / "2").mkdir()
+    (root / "2" / "comm").write_text("kthreadd\n")  # the host's PID namespace holds the kernel's threads
     return str(root)
 
 

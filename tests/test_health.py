@@ -37,6 +37,17 @@ def make(**sim_kw: object) -> tuple[SimNvml, NvmlBackend, Clock]:
     return sim, backend, clock
 
 
+def read_until_xid(backend: NvmlBackend, gpu: int, code: int, timeout: float = 5.0) -> list[DeviceSample]:
+    """Read until GPU ``gpu`` counts XID ``code`` (the event thread delivers it a moment after it
+    happened), or ``timeout`` passes; the last read."""
+    deadline = time.monotonic() + timeout
+    samples = backend.read()
+    while samples[gpu].values[("xid_errors", (str(code),))] == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+        samples = backend.read()
+    return samples
+
+
 def test_simulated_gpus_start_healthy_in_every_subsystem_with_inputs() -> None:
     _, backend, _ = make()
     try:
@@ -51,11 +62,7 @@ def test_xid_79_turns_health_to_failure_and_the_dcgm_last_xid_shows_it() -> None
     try:
         backend.read()
         sim.xid(1, 79)
-        deadline = time.monotonic() + 5
-        samples = backend.read()
-        while samples[1].values[("xid_errors", ("79",))] == 0 and time.monotonic() < deadline:
-            time.sleep(0.02)
-            samples = backend.read()
+        samples = read_until_xid(backend, 1, 79)
         assert health(samples[1])["xid"] == FAILURE
         assert samples[1].values[("xid_last", ())] == 79
         assert health(samples[0])["xid"] == OK  # the other GPU is fine

@@ -24,9 +24,13 @@ class Clock:
         return self.now
 
 
-def make(gpus: int = 2, mig: int = 0, config: Config | None = None, **kw: object) -> tuple[SimNvml, NvmlBackend, Clock]:
+def make(
+    gpus: int = 2, mig: int = 0, config: Config | None = None, missing: tuple[str, ...] = (), **kw: object
+) -> tuple[SimNvml, NvmlBackend, Clock]:
+    """Simulated GPUs (without the library functions in ``missing``) behind an opened backend."""
     clock = Clock()
     sim = SimNvml(gpus=gpus, mig=mig, clock=clock)
+    sim.missing.update(missing)
     kw.setdefault("xid_wait_ms", 20)
     backend = NvmlBackend(config or Config(), nvml=sim, clock=clock, **kw)  # type: ignore[arg-type]
     backend.open()
@@ -87,11 +91,7 @@ def test_not_supported_is_absent_and_not_asked_again() -> None:
 
 
 def test_function_not_found_is_logged_once(caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
-    sim = SimNvml(gpus=2, clock=clock)
-    sim.missing.add("nvmlDeviceGetCurrentClocksEventReasons")
-    backend = NvmlBackend(Config(), nvml=sim, clock=clock, xid_wait_ms=20)
-    backend.open()
+    _, backend, _ = make(missing=("nvmlDeviceGetCurrentClocksEventReasons",))
     try:
         with caplog.at_level(logging.INFO):
             for _ in range(4):
@@ -315,11 +315,7 @@ def test_gpu_lost_at_start_is_reported_down_not_fatal() -> None:
 
 def test_driver_without_the_v3_process_list_still_reads_every_value_and_its_processes() -> None:
     """pynvml's unversioned process call raises NVMLLibraryMismatchError (no NVMLError) before R510."""
-    clock = Clock()
-    sim = SimNvml(gpus=2, clock=clock)
-    sim.missing.add("nvmlDeviceGetComputeRunningProcesses_v3")
-    backend = NvmlBackend(Config(), nvml=sim, clock=clock, xid_wait_ms=20)
-    backend.open()
+    _, backend, _ = make(missing=("nvmlDeviceGetComputeRunningProcesses_v3",))
     try:
         for _ in range(2):
             samples = backend.read()

@@ -18,14 +18,13 @@ import json
 import math
 import subprocess
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from gpu_exporter import catalog
-
-from .bridge_helpers import stored_points
+from .bridge_helpers import expected_points, stored_points
 from .conftest import child_env, exporter_cmd
 from .deployed import Cloud, DeployedAgent, Manifest, cloud_fixture, node_agent, provision_node_credentials  # noqa: F401
 from .mosquitto import Collector, wait_until
@@ -61,22 +60,10 @@ def _agent(cloud: Cloud, tmp_path: Path, **config: Any) -> DeployedAgent:
 
 def _forwarded(collector: Collector, boot: str, upto: int) -> set[Point]:
     """(labels, timestamp ms, value) of every device value in the samples 1..upto that crossed the WAN."""
-    out = set()
+    out: set[Point] = set()
     for batch in list(collector.batches):
-        if batch.boot != boot:
-            continue
-        for p in batch.points():
-            if p.seq > upto:
-                continue
-            metric = catalog.by_key(p.key)
-            labels = {
-                "__name__": metric.name,
-                "node": batch.node,
-                **dict(p.device.labels()),
-                **dict(metric.const_labels),
-            }
-            labels.update(zip(metric.labels, p.labels, strict=True))
-            out.add((frozenset(labels.items()), p.timestamp_ms, p.value))
+        if batch.boot == boot:
+            out |= expected_points(replace(batch, samples=tuple(s for s in batch.samples if s.seq <= upto)))
     return out
 
 

@@ -2,28 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
 import yaml
 
-from .test_deploy import DEPLOY, K8S_VERSION, _agent, _render_path
+from .test_deploy import DEPLOY, K8S_VERSION, _agent, render_with
 
 
 def test_web_tls_component_serves_https_and_keeps_probes_working(tmp_path: Path) -> None:
-    overlay = tmp_path / "with-web-tls"
-    overlay.mkdir()
-    (overlay / "kustomization.yaml").write_text(
-        yaml.safe_dump(
-            {
-                "resources": [os.path.relpath(DEPLOY / "kubeedge", overlay)],
-                "components": [os.path.relpath(DEPLOY / "components" / "web-tls", overlay)],
-            }
-        ),
-        encoding="utf-8",
-    )
-    docs = _render_path(overlay)
+    docs = render_with(tmp_path, "web-tls")
     agent = _agent(docs)
     assert "--web.config.file=/etc/gpu-exporter-web/web.yml" in agent["args"]
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == "/etc/gpu-exporter-web")

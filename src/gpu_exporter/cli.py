@@ -159,15 +159,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     forwarder: Any = None
 
     def ready() -> tuple[bool, str]:
-        if ring.latest() is None:
-            return False, "no sample yet"
-        if not any(b.healthy() for b in backends):
-            return False, "no GPU is answering"
-        if forwarder is not None:
-            forwarding, why = forwarder.health(link=False)
-            if not forwarding:
-                return False, why
-        return True, "ready"
+        return readiness(ring, exposition, backends, forwarder)
 
     try:
         web = load_web_config(config.web_config_file)
@@ -250,6 +242,22 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
         backend.close()
     log.info("stopped")
     return 0
+
+
+def readiness(ring: Any, exposition: Any, backends: Sequence[Any], forwarder: Any) -> tuple[bool, str]:
+    """/readyz: the page holds a sample, a GPU answers, and forwarding (when on) works.
+
+    The page, not the ring: the sampler fills the ring before its listeners render the page, and a
+    scrape in between would get an empty 200."""
+    if ring.latest() is None or exposition.last_sample is None:
+        return False, "no sample yet"
+    if not any(b.healthy() for b in backends):
+        return False, "no GPU is answering"
+    if forwarder is not None:
+        forwarding, why = forwarder.health(link=False)
+        if not forwarding:
+            return False, why
+    return True, "ready"
 
 
 def _view(config: cfg.Config, attributor: Any) -> Any:

@@ -126,30 +126,6 @@ def _bool(text: str | bool) -> bool:
     raise ValueError(f"invalid boolean {text!r} (use true or false)")
 
 
-def _positive_int(text: str) -> int:
-    try:
-        value = int(str(text), 10)
-    except ValueError:
-        raise ValueError(f"invalid integer {text!r}") from None
-    if value < 1:
-        raise ValueError(f"must be at least 1, got {value}")
-    if value > _MAX_INT:
-        raise ValueError(f"{value} is out of range (at most {_MAX_INT})")
-    return value
-
-
-def _nonneg_int(text: str) -> int:
-    try:
-        value = int(str(text), 10)
-    except ValueError:
-        raise ValueError(f"invalid integer {text!r}") from None
-    if value < 0:
-        raise ValueError(f"must be 0 or more, got {value}")
-    if value > _MAX_INT:
-        raise ValueError(f"{value} is out of range (at most {_MAX_INT})")
-    return value
-
-
 _MAX_INT = 1_000_000_000  # a ceiling for counts without a tighter bound of their own
 
 
@@ -166,6 +142,10 @@ def _int_between(low: int, high: int) -> Callable[[str], int]:
         return value
 
     return parse
+
+
+_positive_int = _int_between(1, _MAX_INT)
+_nonneg_int = _int_between(0, _MAX_INT)
 
 
 def _interval(text: str) -> float:

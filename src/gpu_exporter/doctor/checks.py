@@ -200,12 +200,15 @@ def pod_attribution(node: Node) -> Result:
         return Result(
             name, FAIL, f"cannot read {cgroup}: {exc.strerror}", "mount the host's /proc and set --path.procfs"
         )
-    if "kubepods" in text:
+    if "kubepods" in text or not _kernel_threads(Path(c.path_procfs)):
+        # Under cgroup v2 a container's own PID 1 reads "0::/" (its own cgroup namespace); but only the
+        # host's PID namespace holds the kernel's threads (PID 2, kthreadd).
         return Result(
             name,
             FAIL,
-            f"PID 1 of {c.path_procfs} is a pod's process: this is the container's own /proc",
-            "run the DaemonSet with hostPID: true (or mount the host's /proc and set --path.procfs)",
+            f"{c.path_procfs} is the container's own /proc (a pod's PID 1, no kernel threads)",
+            "mount the host's /proc read-only and set --path.procfs to it (deploy/ uses /host/proc), "
+            "or run the DaemonSet with hostPID: true",
         )
     logs = Path(c.k8s_pod_logs_path)
     if not logs.is_dir() or not os.access(logs, os.R_OK | os.X_OK):
@@ -216,6 +219,13 @@ def pod_attribution(node: Node) -> Result:
             "mount the kubelet's /var/log/pods read-only and set --k8s.pod-logs-path",
         )
     return Result(name, OK, f"{c.path_procfs} is the host's, {logs} readable")
+
+
+def _kernel_threads(procfs: Path) -> bool:
+    try:
+        return (procfs / "2" / "comm").read_text().strip() == "kthreadd"
+    except OSError:
+        return False
 
 
 def spool(node: Node) -> Result:

@@ -10,7 +10,8 @@
 - The listen backlog is 128. A request that announces a body gets its answer and the connection is
   closed, so that the body is never read as a further request.
 - TLS, basic auth and extra headers come from the web config (``webconfig.py``) and can be replaced
-  while serving (``set_web``). /healthz and /readyz stay open without credentials, for probes.
+  while serving (``set_web``). /healthz and /readyz stay open without credentials, for probes: under
+  RequireAndVerifyClientCert too, where every other path answers 403 without a client certificate.
 """
 
 from __future__ import annotations
@@ -134,6 +135,11 @@ class _Handler(BaseHTTPRequestHandler):
         path = self.path.split("?", 1)[0]
         srv = self.server
         site = srv.site
+        tls = srv.tls
+        if path not in OPEN_PATHS and tls is not None and tls.files.requires_client_cert and not self._peer_cert():
+            srv.stats.auth_failures += 1
+            self._send(403, b"client certificate required\n")
+            return
         if path not in OPEN_PATHS and srv.auth and not srv.auth.check(self.headers.get("Authorization")):
             srv.stats.auth_failures += 1
             self._send(401, b"unauthorized\n", {"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
@@ -162,6 +168,11 @@ class _Handler(BaseHTTPRequestHandler):
             self._send(404, b"not found\n")
 
     do_HEAD = do_GET
+
+    def _peer_cert(self) -> bool:
+        """Whether the client presented a certificate (verified in the handshake against client_ca_file)."""
+        getpeercert = getattr(self.connection, "getpeercert", None)
+        return bool(getpeercert is not None and getpeercert())
 
     def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
         self.send_response(code)

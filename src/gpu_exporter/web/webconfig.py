@@ -44,10 +44,13 @@ _VERSIONS = {
     "TLS12": ssl.TLSVersion.TLSv1_2,
     "TLS13": ssl.TLSVersion.TLSv1_3,
 }
+# RequireAndVerifyClientCert verifies a certificate given in the handshake, as the others, but asks for
+# one only on the paths that need credentials (the server refuses those without one): the kubelet's
+# HTTPS probes of /healthz and /readyz cannot present a certificate.
 _CLIENT_AUTH = {
     "NoClientCert": ssl.CERT_NONE,
     "VerifyClientCertIfGiven": ssl.CERT_OPTIONAL,
-    "RequireAndVerifyClientCert": ssl.CERT_REQUIRED,
+    "RequireAndVerifyClientCert": ssl.CERT_OPTIONAL,
 }
 _TLS_KEYS = {"cert_file", "key_file", "client_auth_type", "client_ca_file", "min_version", "max_version"}
 _BCRYPT = re.compile(r"^\$2[aby]?\$\d\d\$[./A-Za-z0-9]{53}$")
@@ -63,6 +66,11 @@ class TlsFiles:
     client_auth_type: str = "NoClientCert"
     min_version: str = "TLS12"
     max_version: str = ""
+
+    @property
+    def requires_client_cert(self) -> bool:
+        """Whether a verified client certificate is needed (on every path but /healthz and /readyz)."""
+        return self.client_auth_type == "RequireAndVerifyClientCert"
 
     def build(self) -> ssl.SSLContext:
         """A server context from the files as they are now; ValueError naming what does not load."""
