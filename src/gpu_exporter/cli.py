@@ -188,12 +188,13 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     def apply(old: cfg.Config, new: cfg.Config) -> None:
         if bool(old.mqtt_url) != bool(new.mqtt_url):
             raise ValueError("turning forwarding on or off (--mqtt.url) needs a restart")
+        web = load_web_config(new.web_config_file)  # first: a file that fails to load changes nothing
         if (old.log_level, old.log_format) != (new.log_level, new.log_format):
             setup_logging(new.log_level, new.log_format)
         sampler.interval = new.interval
         if (old.metrics_include, old.metrics_exclude) != (new.metrics_include, new.metrics_exclude):
             exposition.view = _view(new, attributor)
-        server.set_web(load_web_config(new.web_config_file))  # always: the file's content may have changed
+        server.set_web(web)  # always: the file's content may have changed
         server.limits = _limits(new)
         if forwarder is not None:
             forwarder.reconfigure(new)
