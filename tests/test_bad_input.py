@@ -157,3 +157,14 @@ def test_sighup_does_not_end_the_bridge(tmp_path: Path) -> None:
         assert bridge.poll() is None, log_path.read_text()
     finally:
         stop_process(bridge, timeout=20)
+
+
+@pytest.mark.parametrize("value", ["[a, b]", "{a: 1}"])
+def test_a_yaml_list_or_mapping_for_a_single_value_option_is_one_line_not_a_silent_regex(
+    tmp_path: Path, value: str
+) -> None:
+    path = tmp_path / "config.yaml"
+    path.write_text(f"metrics.include: {value}\n")
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.load({"config.file": str(path)}, environ={})
+    assert f"{path}:1: --metrics.include takes one value" in str(info.value)

@@ -842,6 +842,9 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
     disabled: set[str] = set()
     for name, (raw, source) in values.items():
         opt = _BY_NAME[name]
+        if isinstance(raw, (list, dict)):  # str() of a YAML list would pass as a value: ['a', 'b'] is a regex
+            what = "a list" if isinstance(raw, list) else "a mapping"
+            raise ConfigError(f"{source}: --{name} takes one value, not {what} (join several with '|' or ',')")
         try:
             parsed = opt.parse(str(raw).lower() if isinstance(raw, bool) else str(raw))
         except ValueError as exc:
