@@ -1,0 +1,136 @@
+"""Adaptive forwarding: summaries first while full resolution does not fit the link.
+
+The forwarder asks this module three things (docs/forwarding.md, "Weak links"):
+
+- ``closed``: a full-resolution batch was closed and spooled. While the link is weak (``LinkMeter.weak``)
+  its samples are added to the open summary window and the batch waits in the spool's backlog instead
+  of going ahead as a fresh batch. A summary is emitted once the window covers ``factor`` batch
+  intervals; the factor doubles (up to 16) while summaries take over half of what the link carries and
+  halves again when they take under an eighth: the window grows as the link shrinks.
+- ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
+  carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, so that
+  an outage is visible coarse before its full resolution has drained.
+- ``raw_allowed``: whether a full-resolution batch may be published now. With ``--mqtt.max-rate`` only
+  what the rate allows; while weak, only if its PUBACK is due before the next summary, so that a raw
+  batch never delays fresh data.
+
+Summaries live in memory only (the raw batches they summarise stay in the spool); what the broker did
+not acknowledge when the connection dropped is summarised again from the spool on reconnect.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import deque
+from collections.abc import Callable, Iterable
+
+from gpu_exporter.forward.batch import PayloadError, decode
+from gpu_exporter.forward.link_meter import LinkMeter
+from gpu_exporter.forward.spool import Entry
+from gpu_exporter.forward.summary import encode_summary, summarize
+from gpu_exporter.model import Sample
+
+__all__ = ["MAX_BACKLOG", "MAX_FACTOR", "Adaptive"]
+
+log = logging.getLogger("gpu_exporter.forward")
+
+MAX_FACTOR = 16  # longest summary window, in batch intervals
+MAX_BACKLOG = 4096  # spooled batches summarised on reconnect
+_POINTS = 64  # summary points per backlog summary batch
+
+
+class Adaptive:
+    def __init__(self, node: str, boot: str, meter: LinkMeter, interval: float) -> None:
+        self.node = node
+        self.interval = interval  # --mqtt.batch-interval
+        self.boot = boot
+        self.meter = meter
+        self.factor = 1
+        self.queue: deque[bytes] = deque()  # summary payloads, sent before anything else
+        self._window: list[Sample] = []
+        self._window_span = 0.0
+        self.emitted = 0  # summary batches made (for tests and the log)
+        self.active = False  # summarising: full resolution does not fit
+
+    def closed(self, samples: list[Sample], size: int, span: float, connected: bool) -> bool:
+        """A full-resolution batch was spooled; True when it should wait in the backlog (summarised)."""
+        self.meter.produced(size, span)
+        weak = connected and self.meter.weak()
+        self._flag(weak)
+        if not weak:
+            self._window, self._window_span = [], 0.0
+            return False
+        self._window.extend(samples)
+        self._window_span += span
+        if self._window_span >= self.factor * self.interval * 0.999:
+            data = encode_summary(self.node, self.boot, [summarize(self._window)], self._window_span)
+            self.queue.append(data)
+            self.emitted += 1
+            self._adapt(len(data) / self._window_span)
+            self._window, self._window_span = [], 0.0
+        return True
+
+    def _adapt(self, rate: float) -> None:
+        budget = self.meter.budget()
+        if not budget:
+            return
+        if rate > 0.5 * budget and self.factor < MAX_FACTOR:
+            self.factor *= 2
+        elif rate < 0.125 * budget and self.factor > 1:
+            self.factor //= 2
+
+    def _flag(self, weak: bool) -> None:
+        self.active = weak
+        gauge = self.meter.summarizing
+        if gauge is not None:
+            gauge.set(1 if weak else 0)
+
+    def backlog(self, entries: Iterable[Entry], read: Callable[[Entry], bytes | None]) -> int:
+        """On reconnect: summary points of the spooled backlog when it will take long to drain; how many."""
+        budget = self.meter.budget()
+        listed = list(entries)
+        total = sum(e.size for e in listed)
+        if not budget or total <= 2 * self.interval * budget:
+            return 0
+        groups: dict[tuple[str, str], list[tuple[Sample, float]]] = {}
+        for entry in listed[:MAX_BACKLOG]:
+            data = read(entry)
+            if data is None:
+                continue
+            try:
+                batch = decode(data)
+            except PayloadError:
+                continue  # the send path quarantines it
+            if batch.summary_ms or not batch.samples:
+                continue
+            span = max(batch.samples[-1].timestamp - batch.samples[0].timestamp, self.interval)
+            groups.setdefault((batch.node, batch.boot), []).append((summarize(batch.samples), span))
+        made = 0
+        for (node, boot), points in groups.items():
+            points.sort(key=lambda p: p[0].seq)
+            for i in range(0, len(points), _POINTS):
+                chunk = points[i : i + _POINTS]
+                window = sum(span for _, span in chunk) / len(chunk)
+                self.queue.append(encode_summary(node, boot, [p for p, _ in chunk], window))
+                made += len(chunk)
+        if made:
+            self._flag(True)
+            log.info("link carries %.0f B/s: %d spooled batches go first as summaries", budget, made)
+        return made
+
+    def raw_allowed(self, size: int, now: float, until_next: float, busy: int) -> bool:
+        """Whether a full-resolution batch of ``size`` bytes may be published now, with ``busy`` batches in
+        flight and the next batch due in ``until_next`` seconds. Within --mqtt.max-rate always; while
+        weak only if its PUBACK is due before the next summary; otherwise one at a time until the link
+        is measured, then as much as the link carries until the next batch is due (so that a backlog in
+        the network's buffers never holds fresh data back for long)."""
+        if not self.meter.allowed(now):
+            return False
+        if self.active:
+            return self.meter.seconds_for(size) <= until_next
+        if not busy:
+            return True
+        return bool(self.meter.budget()) and self.meter.seconds_for(size) <= max(until_next, self.interval)
+
+    def lost(self) -> None:
+        self.meter.lost()
