@@ -118,19 +118,13 @@ class Adaptive:
             log.info("link carries %.0f B/s: %d spooled batches go first as summaries", budget, made)
         return made
 
-    def raw_allowed(self, size: int, now: float, until_next: float, busy: int) -> bool:
-        """Whether a full-resolution batch of ``size`` bytes may be published now, with ``busy`` batches in
-        flight and the next batch due in ``until_next`` seconds. Within --mqtt.max-rate always; while
-        weak only if its PUBACK is due before the next summary; otherwise one at a time until the link
-        is measured, then as much as the link carries until the next batch is due (so that a backlog in
-        the network's buffers never holds fresh data back for long)."""
+    def raw_allowed(self, size: int, now: float, until_next: float) -> bool:
+        """Whether a full-resolution batch of ``size`` bytes may be published now, the next batch being due
+        in ``until_next`` seconds: within --mqtt.max-rate, and while weak only if its PUBACK is due before
+        the next summary (what is in flight included), so that full resolution never holds fresh data back."""
         if not self.meter.allowed(now):
             return False
-        if self.active:
-            return self.meter.seconds_for(size) <= until_next
-        if not busy:
-            return True
-        return bool(self.meter.budget()) and self.meter.seconds_for(size) <= max(until_next, self.interval)
+        return not self.active or self.meter.seconds_for(size) <= until_next
 
     def lost(self) -> None:
         self.meter.lost()

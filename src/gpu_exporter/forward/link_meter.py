@@ -2,7 +2,8 @@
 ``--mqtt.max-rate`` cap; from them, whether full resolution fits (see docs/forwarding.md, weak links).
 
 Capacity is measured while the link is busy: each PUBACK acknowledges a payload, and the time it took
-counts from the previous PUBACK, or from the publish when nothing was in flight before it. Bytes over
+counts from the previous PUBACK, or, when nothing was in flight before it, from the publish less the
+smallest recent round trip (the latency, which a window of batches in flight would hide). Bytes over
 busy time, smoothed (EWMA), is what the link delivers when the agent keeps it fed; idle time between
 batches does not dilute it. What full resolution needs is the payload bytes of the raw batches closed,
 over the time they cover (EWMA as well). Full resolution fits while it needs at most 90 % of the
@@ -12,6 +13,7 @@ capacity (and of ``--mqtt.max-rate``, when set); otherwise the forwarder sends s
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -28,7 +30,9 @@ class LinkMeter:
         self.max_rate = max_rate
         self.capacity = 0.0  # acknowledged bytes per busy second, 0 until measured
         self.rtt = 0.0  # seconds from publish to PUBACK, 0 until measured
+        self.acks = 0  # PUBACKs seen
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
+        self._rtts: deque[float] = deque(maxlen=64)  # the latest round trips; their minimum is the latency
         self._sent: dict[int, tuple[float, int]] = {}  # mid -> (publish time, payload bytes)
         self._mark = -math.inf  # the previous PUBACK, or the publish that started a busy period
         self._tokens = 0.0  # bytes --mqtt.max-rate allows now (negative: wait)
@@ -74,10 +78,15 @@ class LinkMeter:
         if found is None:
             return
         published, size = found
+        self.acks += 1
         rtt = max(0.0, now - published)
         self.rtt = rtt if not self.rtt else (1 - _ALPHA) * self.rtt + _ALPHA * rtt
+        self._rtts.append(rtt)
+        idle_before = published >= self._mark  # nothing else was in flight when it was published
         busy = now - max(self._mark, published)
         self._mark = now
+        if idle_before:
+            busy -= min(self._rtts)  # the round trip itself, which a window of batches in flight hides
         if busy > 1e-3:
             rate = size / busy
             self.capacity = rate if not self.capacity else (1 - _ALPHA) * self.capacity + _ALPHA * rate

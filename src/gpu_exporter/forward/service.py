@@ -533,8 +533,7 @@ class Forwarder:
             return
         until_next = self._open.opened + self._span() - now  # when the next summary may be due
         while self.link.up and len(self._inflight) + len(self._summaries) < self.link.capacity():
-            busy = len(self._inflight) + len(self._summaries)
-            if self._live and not self.adaptive.raw_allowed(self._live[0].size, now, until_next, busy):
+            if self._live and not self.adaptive.raw_allowed(self._live[0].size, now, until_next):
                 break
             if self._live:
                 entry = self._live.popleft()
@@ -543,7 +542,7 @@ class Forwarder:
                     continue
             elif self._tokens >= 1:
                 found = self._next_backlog(inflight | live)
-                if found is None or not self.adaptive.raw_allowed(found.size, now, until_next, busy):
+                if found is None or not self.adaptive.raw_allowed(found.size, now, until_next):
                     break
                 entry = found
                 self._tokens -= 1
