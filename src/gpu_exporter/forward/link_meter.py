@@ -3,7 +3,9 @@
 
 Capacity is measured while the link is busy: each PUBACK acknowledges a payload, and the time it took
 counts from the previous PUBACK, or, when nothing was in flight before it, from the publish less the
-smallest recent round trip (the latency, which a window of batches in flight would hide). Bytes over
+link's latency (the round trip of the tiny status message the agent sends first on each connection,
+which a window of batches in flight would hide); a PUBACK that took little more than the latency
+says only that the link has room, and measures nothing. Bytes over
 busy time, smoothed (EWMA), is what the link delivers when the agent keeps it fed; idle time between
 batches does not dilute it. What full resolution needs is the payload bytes of the raw batches closed,
 over the time they cover (EWMA as well). Full resolution fits while it needs at most 90 % of the
@@ -13,7 +15,6 @@ capacity (and of ``--mqtt.max-rate``, when set); otherwise the forwarder sends s
 from __future__ import annotations
 
 import math
-from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -32,8 +33,7 @@ class LinkMeter:
         self.rtt = 0.0  # seconds from publish to PUBACK, 0 until measured
         self.acks = 0  # PUBACKs seen
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
-        self._rtts: deque[float] = deque(maxlen=64)  # the latest round trips; their minimum is the latency
-        self._sent: dict[int, tuple[float, int]] = {}  # mid -> (publish time, payload bytes)
+        self._sent: dict[int, tuple[float, int, bool]] = {}  # mid -> (publish time, payload bytes, link was idle)
         self._mark = -math.inf  # the previous PUBACK, or the publish that started a busy period
         self._tokens = 0.0  # bytes --mqtt.max-rate allows now (negative: wait)
         self._tokens_at = -math.inf
@@ -66,27 +66,30 @@ class LinkMeter:
     # ------------------------------------------------------------------------------------ measuring
 
     def sent(self, mid: int, size: int, now: float) -> None:
-        if not self._sent:
+        idle = not self._sent
+        if idle:
             self._mark = now  # the link was idle: this publish starts a busy period
-        self._sent[mid] = (now, size)
+        self._sent[mid] = (now, size, idle)
         if self.max_rate:
             self.allowed(now)
             self._tokens -= size
 
-    def acked(self, mid: int, now: float) -> None:
+    def acked(self, mid: int, now: float, latency: float = 0.0) -> None:
+        """A PUBACK; ``latency`` is the round trip of a message too small to take transfer time (the
+        status message's, sent first on each connection), 0 when not known."""
         found = self._sent.pop(mid, None)
         if found is None:
             return
-        published, size = found
+        published, size, idle_before = found
         self.acks += 1
         rtt = max(0.0, now - published)
         self.rtt = rtt if not self.rtt else (1 - _ALPHA) * self.rtt + _ALPHA * rtt
-        self._rtts.append(rtt)
-        idle_before = published >= self._mark  # nothing else was in flight when it was published
         busy = now - max(self._mark, published)
         self._mark = now
-        if idle_before:
-            busy -= min(self._rtts)  # the round trip itself, which a window of batches in flight hides
+        if idle_before:  # nothing else was in flight: its round trip is in ``busy``, which a window hides
+            busy -= min(latency, rtt)
+            if busy <= 0.1 * rtt:
+                busy = 0.0  # the latency is all there is to see: the link has room, how much is unknown
         if busy > 1e-3:
             rate = size / busy
             self.capacity = rate if not self.capacity else (1 - _ALPHA) * self.capacity + _ALPHA * rate
@@ -123,7 +126,7 @@ class LinkMeter:
         return bool(budget and self.need > HEADROOM * budget)
 
     def inflight_bytes(self) -> int:
-        return sum(size for _, size in self._sent.values())
+        return sum(size for _, size, _ in self._sent.values())
 
     def seconds_for(self, size: int) -> float:
         """Time until ``size`` more bytes are acknowledged, behind what is in flight (0: unknown)."""

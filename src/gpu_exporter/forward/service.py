@@ -633,7 +633,7 @@ class Forwarder:
     # ------------------------------------------------------------------------------------- callbacks
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
-        self.meter.acked(mid, self._clock())
+        self.meter.acked(mid, self._clock(), self.link.status_rtt)
         if self._summaries.pop(mid, None) is not None:
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
