@@ -5,8 +5,8 @@ The forwarder asks this module three things (docs/forwarding.md, "Weak links"):
 - ``closed``: a full-resolution batch was closed and spooled. While the link is weak (``LinkMeter.weak``)
   its samples are added to the open summary window and the batch waits in the spool's backlog instead
   of going ahead as a fresh batch. A summary is emitted once the window covers ``factor`` batch
-  intervals; the factor doubles (up to 16) while summaries take over half of what the link carries and
-  halves again when they take under an eighth: the window grows as the link shrinks.
+  intervals; the factor doubles (up to 16) while summaries take over three quarters of what the link
+  carries and halves again when they take under a quarter: the window grows as the link shrinks.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
   carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, so that
   an outage is visible coarse before its full resolution has drained.
@@ -74,9 +74,9 @@ class Adaptive:
         budget = self.meter.budget()
         if not budget:
             return
-        if rate > 0.5 * budget and self.factor < MAX_FACTOR:
+        if rate > 0.75 * budget and self.factor < MAX_FACTOR:
             self.factor *= 2
-        elif rate < 0.125 * budget and self.factor > 1:
+        elif rate < 0.25 * budget and self.factor > 1:
             self.factor //= 2
 
     def _flag(self, weak: bool) -> None:
