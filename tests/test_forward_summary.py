@@ -12,6 +12,7 @@ import pytest
 
 from gpu_exporter.bridge import columns
 from gpu_exporter.bridge.convert import Converter
+from gpu_exporter.forward import tail
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, schema, to_document
 from gpu_exporter.forward.link_meter import LinkMeter
@@ -190,3 +191,10 @@ def test_the_summary_window_grows_as_the_link_shrinks() -> None:
     spans = [decode(d).summary_ms for d in adaptive.queue]
     assert spans[-1] > spans[0]
     assert not adaptive.closed([sample(seq + 1, 60.0, 0.0)], 5000, 10.0, connected=False)
+
+
+def test_tail_shows_a_summary_under_the_names_the_bridge_writes() -> None:
+    (line,) = tail.lines(decode(encode_summary("node-a", "boot-1", [summarize(window())], 10.0)))
+    assert line["summary_ms"] == 10_000
+    assert line["values"]['gpu_temperature_celsius_max{sensor="gpu"}'] == 95.0
+    assert line["values"]["gpu_energy_joules_total_last"] == 2000.0
