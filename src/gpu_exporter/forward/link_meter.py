@@ -7,14 +7,15 @@ link's latency (the round trip of the tiny status message the agent sends first 
 which a window of batches in flight would hide); a PUBACK that took little more than the latency
 says only that the link has room, and measures nothing. Bytes over
 busy time, smoothed (EWMA), is what the link delivers when the agent keeps it fed; idle time between
-batches does not dilute it. What full resolution needs is the payload bytes of the raw batches closed,
-over the time they cover (EWMA as well). Full resolution fits while it needs at most 90 % of the
+batches does not dilute it. What full resolution needs is the payload bytes of the latest raw batches
+closed over the time they cover (a short batch, closed early by a reconnect or an event, weighs little). Full resolution fits while it needs at most 90 % of the
 capacity (and of ``--mqtt.max-rate``, when set); otherwise the forwarder sends summaries first.
 """
 
 from __future__ import annotations
 
 import math
+from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
@@ -32,6 +33,7 @@ class LinkMeter:
         self.capacity = 0.0  # acknowledged bytes per busy second, 0 until measured
         self.rtt = 0.0  # seconds from publish to PUBACK, 0 until measured
         self.acks = 0  # PUBACKs seen
+        self._produced: deque[tuple[int, float]] = deque(maxlen=8)  # (bytes, seconds) of the latest batches
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
         self._sent: dict[int, tuple[float, int, bool]] = {}  # mid -> (publish time, payload bytes, link was idle)
         self._mark = -math.inf  # the previous PUBACK, or the publish that started a busy period
@@ -54,7 +56,7 @@ class LinkMeter:
             )
             self._need_g = Gauge(
                 p + "full_resolution_bytes_per_second",
-                "Payload bytes per second that full-resolution batches take (EWMA).",
+                "Payload bytes per second that full-resolution batches take (the latest 8 batches).",
                 registry=registry,
             )
             self.summarizing = Gauge(
@@ -103,8 +105,8 @@ class LinkMeter:
         """A full-resolution batch of ``size`` payload bytes covering ``span`` seconds was closed."""
         if span <= 0:
             return
-        rate = size / span
-        self.need = rate if not self.need else (1 - _ALPHA) * self.need + _ALPHA * rate
+        self._produced.append((size, span))
+        self.need = sum(b for b, _ in self._produced) / sum(t for _, t in self._produced)
         self._export()
 
     def _export(self) -> None:
