@@ -10,13 +10,13 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpu_exporter.bridge import columns
+from gpu_exporter.bridge import columns, summaries
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.forward import tail
-from gpu_exporter.forward.adaptive import Adaptive
+from gpu_exporter.forward.adaptive import COARSE_SECONDS, Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, schema, to_document
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.summary import encode_summary, summarize
+from gpu_exporter.forward.summary import STATS, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 from .bridge_helpers import fields
@@ -97,7 +97,7 @@ def test_malformed_summaries_are_rejected_by_decoder_bridge_and_schema(change: A
 
 
 def test_the_bridge_writes_summaries_as_their_own_series_beside_the_raw_ones() -> None:
-    summary = columns.read(encode_summary("node-a", "boot-1", [summarize(window())], 10.0))
+    summary = summaries.complete(columns.read(encode_summary("node-a", "boot-1", [summarize(window())], 10.0)))
     raw = columns.read(encode(Batch("node-a", "boot-1", tuple(window()))))
     converter = Converter()
     written: dict[tuple[str, tuple[tuple[str, str], ...]], list[tuple[int, float]]] = {}
@@ -119,6 +119,8 @@ def test_the_bridge_writes_summaries_as_their_own_series_beside_the_raw_ones() -
         "gpu_up",
     } <= names
     assert "gpu_up_last" not in names and "gpu_energy_joules_total_max" not in names
+    limit = {name: v for (name, _), v in written.items() if name.startswith("gpu_power_limit_watts_")}
+    assert limit == {f"gpu_power_limit_watts_{stat}": [(round((T0 + 10) * 1000), 700.0)] for stat in STATS}
     (peak,) = [v for (name, _), v in written.items() if name == "gpu_temperature_celsius_max"]
     assert peak == [(round((T0 + 10) * 1000), 95.0)]
 
@@ -198,3 +200,29 @@ def test_tail_shows_a_summary_under_the_names_the_bridge_writes() -> None:
     assert line["summary_ms"] == 10_000
     assert line["values"]['gpu_temperature_celsius_max{sensor="gpu"}'] == 95.0
     assert line["values"]["gpu_energy_joules_total_last"] == 2000.0
+
+
+def test_merged_windows_keep_the_extremes_and_weigh_the_means_by_window() -> None:
+    first = summarize(window())  # 60..95, mean 70.5, over 10 s
+    calm = summarize([sample(s, 50.0 + s % 2, 1000.0 + 100 * s) for s in range(11, 41)])  # 50..51 over 30 s
+    point, span = merge([(first, 10.0), (calm, 30.0)])
+    values = point.devices[0].values
+    assert span == 40.0 and point.seq == 40
+    assert values[("temp_gpu:max", ())] == 95.0 and values[("temp_gpu:min", ())] == 50.0
+    calm_mean = calm.devices[0].values[("temp_gpu:mean", ())]
+    assert values[("temp_gpu:mean", ())] == pytest.approx((70.5 * 10 + calm_mean * 30) / 40, rel=1e-4)
+    assert values[("energy:last", ())] == 5000.0 and ("energy:max", ()) not in values
+
+
+def test_the_summaries_of_a_long_backlog_fit_the_link_in_coarse_seconds() -> None:
+    meter = LinkMeter(None, max_rate=20)  # a 20 B/s link
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    points = [(summarize([sample(s, 60.0 + s % 7, float(s))]), 10.0) for s in range(1, 2001)]
+    coarse = adaptive._coarsen("node-a", "boot-1", points, meter.budget())
+    assert 1 < len(coarse) < len(points)
+    size = sum(
+        len(encode_summary("node-a", "boot-1", [p for p, _ in coarse[i : i + 64]], 10.0))
+        for i in range(0, len(coarse), 64)
+    )
+    assert size <= 20 * COARSE_SECONDS * 1.5
+    assert sum(span for _, span in coarse) == pytest.approx(20_000.0)

@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge import columns
+from gpu_exporter.bridge import columns, summaries
 from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converter
@@ -150,7 +150,7 @@ class MessageHandler:
             self.drop(node, "node_mismatch", f"payload names node {batch.node!r}, its topic {node!r}")
             return None
         self._liveness.seen(node)
-        return batch
+        return summaries.complete(batch)  # a summary's gauges that held still: min = max = mean = last
 
     def drop(self, node: str, reason: str, why: str) -> None:
         """Count a dropped message for ``node``; log it the first time that node sends a bad one."""

@@ -8,8 +8,9 @@ The forwarder asks this module three things (docs/forwarding.md, "Weak links"):
   intervals; the factor doubles (up to 16) while summaries take over three quarters of what the link
   carries and halves again when they take under a quarter: the window grows as the link shrinks.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
-  carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, so that
-  an outage is visible coarse before its full resolution has drained.
+  carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, and
+  neighbouring points merge into wider windows until all of them take the link at most
+  ``COARSE_SECONDS``: an outage is visible coarse before its full resolution has drained.
 - ``raw_allowed``: whether a full-resolution batch may be published now. With ``--mqtt.max-rate`` only
   what the rate allows; while weak, only if its PUBACK is due before the next summary, so that a raw
   batch never delays fresh data.
@@ -21,22 +22,24 @@ not acknowledge when the connection dropped is summarised again from the spool o
 from __future__ import annotations
 
 import logging
+import math
 from collections import deque
 from collections.abc import Callable, Iterable
 
 from gpu_exporter.forward.batch import PayloadError, decode
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.spool import Entry
-from gpu_exporter.forward.summary import encode_summary, summarize
+from gpu_exporter.forward.summary import encode_summary, merge, summarize
 from gpu_exporter.model import Sample
 
-__all__ = ["MAX_BACKLOG", "MAX_FACTOR", "Adaptive"]
+__all__ = ["COARSE_SECONDS", "MAX_BACKLOG", "MAX_FACTOR", "Adaptive"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
 MAX_FACTOR = 16  # longest summary window, in batch intervals
 MAX_BACKLOG = 4096  # spooled batches summarised on reconnect
 _POINTS = 64  # summary points per backlog summary batch
+COARSE_SECONDS = 30.0  # the summaries of a backlog take the link this long at most (windows widen to fit)
 
 
 class Adaptive:
@@ -108,6 +111,7 @@ class Adaptive:
         made = 0
         for (node, boot), points in groups.items():
             points.sort(key=lambda p: p[0].seq)
+            points = self._coarsen(node, boot, points, budget)
             for i in range(0, len(points), _POINTS):
                 chunk = points[i : i + _POINTS]
                 window = sum(span for _, span in chunk) / len(chunk)
@@ -117,6 +121,17 @@ class Adaptive:
             self._flag(True)
             log.info("link carries %.0f B/s: %d spooled batches go first as summaries", budget, made)
         return made
+
+    def _coarsen(
+        self, node: str, boot: str, points: list[tuple[Sample, float]], budget: float
+    ) -> list[tuple[Sample, float]]:
+        """Fewer, wider points when the summaries of the backlog would take the link over COARSE_SECONDS."""
+        probe = points[:_POINTS]
+        per_point = len(encode_summary(node, boot, [p for p, _ in probe], self.interval)) / len(probe)
+        k = math.ceil(len(points) * per_point / (budget * COARSE_SECONDS))
+        if k <= 1:
+            return points
+        return [merge(points[i : i + k]) for i in range(0, len(points), k)]
 
     def raw_allowed(self, size: int, now: float, until_next: float) -> bool:
         """Whether a full-resolution batch of ``size`` bytes may be published now, the next batch being due
