@@ -226,3 +226,15 @@ def test_the_summaries_of_a_long_backlog_fit_the_link_in_coarse_seconds() -> Non
     )
     assert size <= 20 * COARSE_SECONDS * 1.5
     assert sum(span for _, span in coarse) == pytest.approx(20_000.0)
+
+
+def test_on_a_weak_link_a_raw_batch_goes_only_if_acknowledged_before_the_next_summary() -> None:
+    meter = LinkMeter(None)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    meter.sent(1, 1000, 0.0)
+    meter.acked(1, 5.0, latency=0.0)  # 200 B/s
+    assert adaptive.closed([sample(1, 60.0, 1.0)], 3000, 10.0, connected=True)  # 300 B/s: weak
+    assert not adaptive.raw_allowed(3000, 6.0, until_next=9.0)  # 15 s at 200 B/s: past the next summary
+    assert adaptive.raw_allowed(1000, 6.0, until_next=9.0)  # 5 s: it fits
+    meter.sent(2, 1000, 6.0)  # but not behind another one in flight
+    assert not adaptive.raw_allowed(1000, 6.0, until_next=9.0)
