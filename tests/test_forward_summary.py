@@ -16,6 +16,7 @@ from gpu_exporter.forward import tail
 from gpu_exporter.forward.adaptive import COARSE_SECONDS, Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, schema, to_document
 from gpu_exporter.forward.link_meter import LinkMeter
+from gpu_exporter.forward.spool import Entry
 from gpu_exporter.forward.summary import STATS, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
@@ -31,6 +32,11 @@ def decode_labels(encoded: bytes) -> list[tuple[str, str]]:
         kv = {k: v for k, _, v in fields(part)}  # type: ignore[arg-type]
         out.append((kv[1].decode(), kv[2].decode()))  # type: ignore[union-attr]
     return out
+
+
+def entry(seq: int, size: int) -> Entry:
+    """A spooled batch, as the spool describes it (the forwarder tells the adaptive part its entries)."""
+    return Entry(seq, 0, size, seq, seq, 1)
 
 
 def sample(seq: int, temp: float, energy: float, up: bool = True) -> Sample:
@@ -186,13 +192,13 @@ def test_the_summary_window_grows_as_the_link_shrinks() -> None:
     factors = []
     for _ in range(12):
         samples = [sample(seq := seq + 1, 60.0, float(seq)) for _ in range(10)]
-        assert adaptive.closed(samples, 5000, 10.0, connected=True)  # weak: the raw batch waits
+        assert adaptive.closed(samples, [entry(seq, 5000)], 10.0, connected=True)  # weak: the raw batch waits
         factors.append(adaptive.factor)
     assert factors[-1] > 1
     assert adaptive.emitted < 12
     spans = [decode(d).summary_ms for d in adaptive.queue]
     assert spans[-1] > spans[0]
-    assert not adaptive.closed([sample(seq + 1, 60.0, 0.0)], 5000, 10.0, connected=False)
+    assert not adaptive.closed([sample(seq + 1, 60.0, 0.0)], [entry(seq + 1, 5000)], 10.0, connected=False)
 
 
 def test_tail_shows_a_summary_under_the_names_the_bridge_writes() -> None:
@@ -233,8 +239,28 @@ def test_on_a_weak_link_a_raw_batch_goes_only_if_acknowledged_before_the_next_su
     adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
     meter.sent(1, 1000, 0.0)
     meter.acked(1, 5.0, latency=0.0)  # 200 B/s
-    assert adaptive.closed([sample(1, 60.0, 1.0)], 3000, 10.0, connected=True)  # 300 B/s: weak
+    assert adaptive.closed([sample(1, 60.0, 1.0)], [entry(1, 3000)], 10.0, connected=True)  # 300 B/s: weak
     assert not adaptive.raw_allowed(3000, 6.0, until_next=9.0)  # 15 s at 200 B/s: past the next summary
     assert adaptive.raw_allowed(1000, 6.0, until_next=9.0)  # 5 s: it fits
     meter.sent(2, 1000, 6.0)  # but not behind another one in flight
     assert not adaptive.raw_allowed(1000, 6.0, until_next=9.0)
+
+
+def test_batches_closed_during_an_outage_are_summarised_on_reconnect_without_reading_the_spool() -> None:
+    meter = LinkMeter(None, max_rate=10)  # a thin link: the backlog takes long
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    spooled = []
+    for b in range(4):  # four batches while the broker was away, the spike in the second
+        samples = [sample(s, 95.0 if s == 15 else 60.0, float(s)) for s in range(b * 10 + 1, b * 10 + 11)]
+        spooled.append(entry(b * 10 + 1, 5000))
+        assert not adaptive.closed(samples, [spooled[-1]], 10.0, connected=False)
+
+    def unread(e: Entry) -> bytes:
+        raise AssertionError("read from the spool")
+
+    assert adaptive.backlog(spooled, unread) == 4
+    (data,) = adaptive.queue
+    batch = decode(data)
+    peaks = [s.devices[0].values.get(("temp_gpu:max", ())) for s in batch.samples]
+    assert peaks == [None, 95.0, None, None]  # windows that held still send their last value only
+    assert [s.seq for s in batch.samples] == [10, 20, 30, 40]

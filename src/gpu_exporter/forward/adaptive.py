@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
+from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
 
 from gpu_exporter.forward.batch import PayloadError, decode
@@ -54,12 +54,20 @@ class Adaptive:
         self._window_span = 0.0
         self.emitted = 0  # summary batches made (for tests and the log)
         self.active = False  # summarising: full resolution does not fit
+        # spool key -> summary of that batch made when it was closed (None: summarised already)
+        self._made: OrderedDict[str, bytes | None] = OrderedDict()
 
-    def closed(self, samples: list[Sample], size: int, span: float, connected: bool) -> bool:
-        """A full-resolution batch was spooled; True when it should wait in the backlog (summarised)."""
-        self.meter.produced(size, span)
+    def closed(self, samples: list[Sample], entries: list[Entry], span: float, connected: bool) -> bool:
+        """A full-resolution batch was spooled as ``entries``; True when it should wait in the backlog
+        (summarised). While disconnected its summary is made now, from the samples at hand, and kept
+        (encoded, a few kB) for the reconnect: cheaper than reading the batch back from the spool."""
+        self.meter.produced(sum(e.size for e in entries), span)
+        if not connected and entries:
+            self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
         weak = connected and self.meter.weak()
         self._flag(weak)
+        if weak and entries:
+            self._remember(entries, None)  # summarised live below: not again after an outage
         if not weak:
             self._window, self._window_span = [], 0.0
             return False
@@ -72,6 +80,13 @@ class Adaptive:
             self._adapt(len(data) / self._window_span)
             self._window, self._window_span = [], 0.0
         return True
+
+    def _remember(self, entries: list[Entry], data: bytes | None) -> None:
+        self._made[entries[0].key] = data
+        for entry in entries[1:]:
+            self._made[entry.key] = None  # covered by the first part's summary
+        while len(self._made) > MAX_BACKLOG:
+            self._made.popitem(last=False)
 
     def _adapt(self, rate: float) -> None:
         budget = self.meter.budget()
@@ -96,18 +111,31 @@ class Adaptive:
         if not budget or total <= 2 * self.interval * budget:
             return 0
         groups: dict[tuple[str, str], list[tuple[Sample, float]]] = {}
+        made_before, self._made = self._made, OrderedDict()
         for entry in listed[:MAX_BACKLOG]:
-            data = read(entry)
-            if data is None:
-                continue
+            if entry.key in made_before:
+                kept = made_before[entry.key]
+                self._made[entry.key] = kept
+                if kept is None:
+                    continue
+                data, summarised = kept, True
+            else:
+                found = read(entry)  # a batch of an earlier run, or of a connection that ended weak
+                if found is None:
+                    continue
+                data, summarised = found, False
             try:
                 batch = decode(data)
             except PayloadError:
                 continue  # the send path quarantines it
-            if batch.summary_ms or not batch.samples:
+            if not batch.samples or bool(batch.summary_ms) != summarised:
                 continue
-            span = max(batch.samples[-1].timestamp - batch.samples[0].timestamp, self.interval)
-            groups.setdefault((batch.node, batch.boot), []).append((summarize(batch.samples), span))
+            if summarised:
+                point, span = batch.samples[0], batch.summary_ms / 1000
+            else:
+                point = summarize(batch.samples)
+                span = batch.samples[-1].timestamp - batch.samples[0].timestamp
+            groups.setdefault((batch.node, batch.boot), []).append((point, max(span, self.interval)))
         made = 0
         for (node, boot), points in groups.items():
             points.sort(key=lambda p: p[0].seq)

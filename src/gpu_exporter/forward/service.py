@@ -443,7 +443,7 @@ class Forwarder:
         b, self._open = self._open, _OpenBatch(self._clock())
         entries = self._store(b.samples, b.journal)
         span = max(self._clock() - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
-        summarized = self.adaptive.closed(b.samples, sum(e.size for e in entries), span, self.link.up)
+        summarized = self.adaptive.closed(b.samples, entries, span, self.link.up)
         if not self.link.up:
             self._growth = min(MAX_GROWTH, self._growth * 2)
         elif not summarized:  # summarised: the raw batch waits in the backlog for room on the link
