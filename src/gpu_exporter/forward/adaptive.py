@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 from gpu_exporter.forward.batch import PayloadError, decode
 from gpu_exporter.forward.link_meter import LinkMeter
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.spool import Entry
 from gpu_exporter.forward.summary import encode_summary, merge, summarize
 from gpu_exporter.model import Sample
@@ -50,6 +51,7 @@ class Adaptive:
         self.meter = meter
         self.factor = 1
         self.queue: deque[bytes] = deque()  # summary payloads, sent before anything else
+        self.inflight: dict[int, int] = {}  # summaries published: mid -> bytes
         self._window: list[Sample] = []
         self._window_span = 0.0
         self.emitted = 0  # summary batches made (for tests and the log)
@@ -169,5 +171,26 @@ class Adaptive:
             return False
         return not self.active or self.meter.seconds_for(size) <= until_next
 
+    def send(self, link: Link, topic: str, room: int, now: float) -> bool:
+        """Publish queued summaries while ``room`` (in-flight slots less what is in flight) and the rate
+        allow; False while some still wait."""
+        queue = self.queue
+        while queue and link.up and len(self.inflight) < room:
+            if not self.meter.allowed(now):
+                return False
+            data = queue[0]
+            if not link.fits(topic, len(data)):
+                queue.popleft()  # far smaller than the batches it stands for: not seen in practice
+                continue
+            mid = link.publish(topic, data)
+            if mid is None:
+                return False
+            queue.popleft()
+            self.inflight[mid] = len(data)
+            self.meter.sent(mid, len(data), now)
+        return not queue
+
     def lost(self) -> None:
+        """The connection dropped: summaries in flight are not sent again (the spool still has it all)."""
+        self.inflight.clear()
         self.meter.lost()

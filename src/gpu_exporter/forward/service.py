@@ -233,7 +233,6 @@ class Forwarder:
         self.adaptive = Adaptive(
             self.node, self.boot, self.meter, config.mqtt_batch_interval
         )  # summaries first on a weak link
-        self._summaries: dict[int, int] = {}  # in-flight summary batches: mid -> bytes
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_seq = 0
@@ -345,7 +344,6 @@ class Forwarder:
             settings = LinkSettings.from_config(new, window=WINDOW)  # checked by the reload already
             self.link.close(status=None)
             self._inflight.clear()  # still in the spool: they go again on the new connection
-            self._summaries.clear()
             self.adaptive.lost()
             self.spool.pinned.clear()
             self._live.clear()
@@ -509,7 +507,7 @@ class Forwarder:
     # ------------------------------------------------------------------------------------- sending
 
     def _sendable(self) -> bool:
-        busy = len(self._inflight) + len(self._summaries)
+        busy = len(self._inflight) + len(self.adaptive.inflight)
         if not self.link.up or busy >= self.link.capacity() or self._clock() < self._hold_until:
             return False
         if not self.meter.allowed(self._clock()):
@@ -529,10 +527,10 @@ class Forwarder:
         live = {e.key for e in self._live}
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
-        if not self._send_summaries(now):
-            return
+        if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
+            return  # summaries go before anything else
         until_next = self._open.opened + self._span() - now  # when the next summary may be due
-        while self.link.up and len(self._inflight) + len(self._summaries) < self.link.capacity():
+        while self.link.up and len(self._inflight) + len(self.adaptive.inflight) < self.link.capacity():
             if self._live and not self.adaptive.raw_allowed(self._live[0].size, now, until_next):
                 break
             if self._live:
@@ -568,24 +566,6 @@ class Forwarder:
             self._inflight[mid] = entry
             self.meter.sent(mid, len(data), now)
             inflight.add(entry.key)
-
-    def _send_summaries(self, now: float) -> bool:
-        """Publish queued summaries (they go before anything else); False when some still wait."""
-        queue = self.adaptive.queue
-        while queue and self.link.up and len(self._inflight) + len(self._summaries) < self.link.capacity():
-            if not self.meter.allowed(now):
-                return False
-            data = queue[0]
-            if not self.link.fits(self.topic, len(data)):
-                queue.popleft()  # a summary is far smaller than the batches it stands for: never seen
-                continue
-            mid = self.link.publish(self.topic, data)
-            if mid is None:
-                return False
-            queue.popleft()
-            self._summaries[mid] = len(data)
-            self.meter.sent(mid, len(data), now)
-        return not queue
 
     def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
         """A spooled batch over the broker's Maximum Packet Size: spool it again as parts that fit
@@ -634,7 +614,7 @@ class Forwarder:
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         self.meter.acked(mid, self._clock(), self.link.status_rtt)
-        if self._summaries.pop(mid, None) is not None:
+        if self.adaptive.inflight.pop(mid, None) is not None:
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
         if entry is None:
@@ -691,7 +671,6 @@ class Forwarder:
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
-        self._summaries.clear()
         self.adaptive.lost()
         self.spool.pinned.clear()
         self._live.clear()
