@@ -18,6 +18,10 @@ cannot fit is dropped and counted (``too_large``); the in-flight window never pa
 An unexpected error in a loop turn does not end the thread: it is logged (once a minute), counted, and
 the turn is retried after a backoff, with a fresh connection; ``health`` says when forwarding is not
 working (for /readyz).
+
+On a link thinner than full resolution needs (measured from PUBACKs, or ``--mqtt.max-rate``), and for
+a long backlog after an outage, summaries go before everything else and full-resolution batches only
+as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links").
 """
 
 from __future__ import annotations
@@ -230,9 +234,8 @@ class Forwarder:
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
         self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
         self.meter = LinkMeter(registry, config.mqtt_max_rate)
-        self.adaptive = Adaptive(
-            self.node, self.boot, self.meter, config.mqtt_batch_interval
-        )  # summaries first on a weak link
+        # summaries first where the link is too thin for full resolution (adaptive.py)
+        self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_seq = 0
