@@ -214,13 +214,13 @@ class Collector:
         out: dict[str, set[int]] = {}
         with self._lock:
             for b in self.batches:
-                if boot is None or b.boot == boot:
+                if (boot is None or b.boot == boot) and not b.summary_ms:  # summaries: not samples
                     out.setdefault(b.boot, set()).update(s.seq for s in b.samples)
         return out
 
     def count(self) -> int:
         with self._lock:
-            return sum(len(b.samples) for b in self.batches)
+            return sum(len(b.samples) for b in self.batches if not b.summary_ms)
 
     def caught_up(self, boot: str, acknowledged: float) -> bool:
         """True once this subscriber holds at least ``acknowledged`` distinct samples of ``boot``.

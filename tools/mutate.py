@@ -172,6 +172,39 @@ MUTANTS = (
         ("tests/test_nvml_backend.py",),
         "a lost GPU is asked every cycle during its backoff (each call can hang for seconds)",
     ),
+    # -- adaptive forwarding on weak links (forward/summary.py, link_meter.py, adaptive.py; bridge) -----
+    Mutant(
+        "summary-max-is-last",
+        "src/gpu_exporter/forward/summary.py",
+        '            out[(f"{key}:max", labels)] = high\n',
+        '            out[(f"{key}:max", labels)] = vs[-1]\n',
+        ("tests/test_forward_summary.py",),
+        "a summary's max is the window's last value: a spike inside the window is lost",
+    ),
+    Mutant(
+        "link-meter-counts-latency",
+        "src/gpu_exporter/forward/link_meter.py",
+        "            busy -= min(latency, rtt)\n",
+        "            busy -= 0.0\n",
+        ("tests/test_forward_summary.py",),
+        "a batch sent alone counts the round trip as transfer time: a far but fast link looks weak",
+    ),
+    Mutant(
+        "adaptive-raw-ahead-of-summaries",
+        "src/gpu_exporter/forward/adaptive.py",
+        "        return not self.active or self.meter.seconds_for(size) <= until_next\n",
+        "        return True\n",
+        ("tests/test_forward_summary.py",),
+        "on a weak link full-resolution batches fill the link and the next summary waits behind them",
+    ),
+    Mutant(
+        "bridge-summary-as-raw-replay",
+        "src/gpu_exporter/bridge/service.py",
+        '    return batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
+        "    return batch.boot\n",
+        ("tests/test_bridge_summaries.py",),
+        "summaries share the raw samples' replay memory: the full resolution that follows them is dropped",
+    ),
 )
 
 

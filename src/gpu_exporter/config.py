@@ -73,6 +73,7 @@ class Config:
     mqtt_batch_max_bytes: int = 256 * 1024
     mqtt_batch_max_samples: int = 720
     mqtt_value_digits: int = 4
+    mqtt_max_rate: int = 0  # bytes per second; 0: no cap
     spool_dir: str = "/var/lib/gpu-exporter/spool"
     spool_max_bytes: int = 256 * 1024 * 1024
     spool_max_age: float = 72 * 3600.0
@@ -515,6 +516,14 @@ OPTIONS: tuple[Option, ...] = (
         _digits,
         "significant digits forwarded for fractional gauge values (0: exact); counters and integers are always exact",
         "N",
+    ),
+    Option(
+        "mqtt.max-rate",
+        "mqtt_max_rate",
+        _size_between(0, 1 << 40),
+        "bytes per second forwarding may use (0: no cap); below what full resolution needs, summaries go "
+        "first and full resolution follows when there is room",
+        "BYTES",
     ),
     Option(
         "spool.dir",

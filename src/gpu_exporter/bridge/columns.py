@@ -52,6 +52,7 @@ class ColumnBatch:
     times_ms: list[int]
     metrics: list[SeriesKey]
     devices: list[ColumnDevice]
+    summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
 
 
@@ -113,7 +114,7 @@ def from_document(doc: Any) -> ColumnBatch:
     header = c._header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
-    metrics = c._metrics(doc["metrics"])
+    metrics = c._metrics(doc["metrics"], bool(header.summary_ms))
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise c.PayloadError("devices must be an array")
@@ -145,7 +146,7 @@ def from_document(doc: Any) -> ColumnBatch:
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         gaps = any(None in col for col in decoded if col is not None)
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps))
-    batch = ColumnBatch(node, boot, seqs, times, metrics, devices)
+    batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
     _check_encodable(batch)
     return batch
 

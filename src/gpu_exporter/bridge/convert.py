@@ -120,12 +120,14 @@ class Converter:
         except KeyError:
             pass
         key, dynamic = series
+        base, _, stat = key.partition(":")  # "<key>:max" in a summary batch: the series <name>_max
         try:
-            metric = catalog.by_key(key)
+            metric = catalog.by_key(base)
         except KeyError:
             entry: _Entry | None = None
         else:
-            pairs = [("__name__", metric.name), *device.labels(), *metric.const_labels]
+            name = f"{metric.name}_{stat}" if stat else metric.name
+            pairs = [("__name__", name), *device.labels(), *metric.const_labels]
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
             entry = self._admit(node, _entry(pairs))
@@ -192,7 +194,9 @@ class Converter:
                 if not stamps_up:
                     continue
                 up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
-                if up_entry:
+                if batch.summary_ms:  # gpu_up and gpu_info come with the raw samples
+                    up_entry, info_entry = _LIMITED, None
+                elif up_entry:
                     add((up_entry, stamps_up, flags))
                 else:
                     out.limited[node] = out.limited.get(node, 0) + len(stamps_up)

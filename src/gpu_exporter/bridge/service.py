@@ -28,7 +28,7 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge import columns
+from gpu_exporter.bridge import columns, summaries
 from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converter
@@ -150,7 +150,7 @@ class MessageHandler:
             self.drop(node, "node_mismatch", f"payload names node {batch.node!r}, its topic {node!r}")
             return None
         self._liveness.seen(node)
-        return batch
+        return summaries.complete(batch)  # a summary's gauges that held still: min = max = mean = last
 
     def drop(self, node: str, reason: str, why: str) -> None:
         """Count a dropped message for ``node``; log it the first time that node sends a bad one."""
@@ -390,9 +390,10 @@ class Bridge:
             batch = self.handler.decode(m)
             if batch is None:
                 continue
-            taken = pending.setdefault((batch.node, batch.boot), set())
+            stream = _stream(batch)
+            taken = pending.setdefault((batch.node, stream), set())
             seqs = batch.seqs
-            fresh = [i for i in self.dedup.unseen(batch.node, batch.boot, seqs) if seqs[i] not in taken]
+            fresh = [i for i in self.dedup.unseen(batch.node, stream, seqs) if seqs[i] not in taken]
             replays += len(seqs) - len(fresh)
             if not fresh:
                 continue
@@ -419,7 +420,7 @@ class Bridge:
         outcome = self._writer.write(converted.series)
         now = time.time()
         for batch, keep in decoded:
-            self.dedup.mark(batch.node, batch.boot, batch.seqs if keep is None else [batch.seqs[i] for i in keep])
+            self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])
         self.metrics.samples.inc(outcome.written)
         if outcome.written:  # health advances only with what remote storage accepted
             total = outcome.written + outcome.rejected
@@ -458,3 +459,10 @@ class Bridge:
             self._client.disconnect()
             self._client.loop_stop()
         self._writer.close()
+
+
+def _stream(batch: ColumnBatch) -> str:
+    """What repeats are told apart by, with the node: the boot, and for summaries a stream of their own
+    (a summary point carries the sequence number of its window's last sample, which the raw sample
+    still has to bring)."""
+    return batch.boot + "/summary" if batch.summary_ms else batch.boot

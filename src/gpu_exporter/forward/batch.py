@@ -54,6 +54,8 @@ _SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
 _GZIP_MAGIC = b"\x1f\x8b"
 _ZDICTS = {zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_V2)}  # by the id a zlib header names
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+_SUMMARY_KEY = re.compile(r"^[a-z][a-z0-9_]*:(min|max|mean|last)$")  # in a summary batch (summary_ms set)
+_MAX_WINDOW_MS = 366 * 86400 * 1000
 _MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
 _ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
@@ -75,6 +77,7 @@ class Batch:
     node: str
     boot: str
     samples: tuple[Sample, ...]
+    summary_ms: int = 0  # a summary batch (forward/summary.py): its window in ms; 0 for full resolution
 
     @property
     def first_seq(self) -> int:
@@ -108,6 +111,7 @@ class Header(NamedTuple):
     seqs: tuple[int, ...]
     times_ms: tuple[int, ...]
     version: int = VERSION
+    summary_ms: int = 0
 
     @property
     def first_seq(self) -> int:
@@ -160,6 +164,9 @@ def to_document(batch: Batch) -> dict[str, Any]:
     if samples[0].seq < 1:
         raise ValueError(f"sequence numbers start at 1, got {samples[0].seq}")
 
+    if batch.summary_ms and not 0 < batch.summary_ms <= _MAX_WINDOW_MS:
+        raise ValueError(f"summary window of {batch.summary_ms} ms is out of range")
+    key_re = _SUMMARY_KEY if batch.summary_ms else _KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
     devices: dict[DeviceId, dict[str, Any]] = {}
@@ -181,7 +188,7 @@ def to_document(batch: Batch) -> dict[str, Any]:
                 idx = metric_index.get(series)
                 if idx is None:
                     key, labels = series
-                    if not isinstance(key, str) or not _KEY.match(key):
+                    if not isinstance(key, str) or not key_re.match(key):
                         raise ValueError(f"invalid metric key {key!r}")
                     for label in labels:
                         _check_text("label value", label)
@@ -202,7 +209,7 @@ def to_document(batch: Batch) -> dict[str, Any]:
                 _check_text("info value", v, allow_empty=True)
         out_devices.append(entry)
 
-    return {
+    doc: dict[str, Any] = {
         "format": FORMAT,
         "version": VERSION,
         "node": batch.node,
@@ -214,6 +221,9 @@ def to_document(batch: Batch) -> dict[str, Any]:
         "metrics": [[key, list(labels)] for key, labels in metric_index],
         "devices": out_devices,
     }
+    if batch.summary_ms:
+        doc["summary_ms"] = batch.summary_ms
+    return doc
 
 
 def _check_text(what: str, value: object, allow_empty: bool = False) -> None:
@@ -520,9 +530,10 @@ def _reject_constant(name: str) -> Any:
     raise PayloadError(f'payload uses the non-JSON number {name} (write "NaN", "+Inf" or "-Inf")')
 
 
-_TOP_KEYS = frozenset(
+_REQUIRED_TOP_KEYS = frozenset(
     ("format", "version", "node", "boot", "first_seq", "last_seq", "seq", "time_ms", "metrics", "devices")
 )
+_TOP_KEYS = _REQUIRED_TOP_KEYS | {"summary_ms"}
 _DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
 
 
@@ -532,7 +543,7 @@ def from_document(doc: Any) -> Batch:
     node, boot, seqs, times = header.node, header.boot, header.seqs, header.times_ms
     n = len(seqs)
 
-    metrics = _metrics(doc["metrics"])
+    metrics = _metrics(doc["metrics"], bool(header.summary_ms))
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise PayloadError(f"devices must be an array, not {_jtype(raw_devices)}")
@@ -571,7 +582,7 @@ def from_document(doc: Any) -> Batch:
             per_sample[i].append(DeviceSample(device, bool(up[i]), values, dict(info)))
 
     samples = tuple(Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n))
-    return Batch(node=node, boot=boot, samples=samples)
+    return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms)
 
 
 def _header(doc: Any) -> Header:
@@ -582,7 +593,10 @@ def _header(doc: Any) -> Header:
     version = doc.get("version")
     if version not in VERSIONS or isinstance(version, bool) or not isinstance(version, int):
         raise PayloadError(f"unsupported payload version {version!r} (this reader knows 1, 2 and 3)")
-    _keys("payload", doc, _TOP_KEYS, _TOP_KEYS)
+    _keys("payload", doc, _TOP_KEYS if version >= 3 else _REQUIRED_TOP_KEYS, _REQUIRED_TOP_KEYS)
+    summary_ms = _int("summary_ms", doc["summary_ms"]) if "summary_ms" in doc else 0
+    if "summary_ms" in doc and not 0 < summary_ms <= _MAX_WINDOW_MS:
+        raise PayloadError(f"summary_ms must be 1 to {_MAX_WINDOW_MS}, got {summary_ms}")
     node = _text("node", doc["node"])
     boot = _text("boot", doc["boot"])
     seqs = _undelta("seq", doc["seq"])
@@ -601,7 +615,7 @@ def _header(doc: Any) -> Header:
     for field in ("metrics", "devices"):
         if not isinstance(doc[field], list):
             raise PayloadError(f"{field} must be an array, not {_jtype(doc[field])}")
-    return Header(node, boot, tuple(seqs), tuple(times), version)
+    return Header(node, boot, tuple(seqs), tuple(times), version, summary_ms)
 
 
 def _jtype(value: Any) -> str:
@@ -656,7 +670,7 @@ def _undelta(where: str, value: Any) -> list[int]:
     return out
 
 
-def _metrics(value: Any) -> list[SeriesKey]:
+def _metrics(value: Any, summary: bool = False) -> list[SeriesKey]:
     if not isinstance(value, list):
         raise PayloadError(f"metrics must be an array, not {_jtype(value)}")
     out: list[SeriesKey] = []
@@ -665,7 +679,7 @@ def _metrics(value: Any) -> list[SeriesKey]:
         if not isinstance(item, list) or len(item) != 2:
             raise PayloadError(f"{where} must be [key, [label values]]")
         key, labels = item
-        if not isinstance(key, str) or not _KEY.match(key) or len(key) > 128:
+        if not isinstance(key, str) or not (_SUMMARY_KEY if summary else _KEY).match(key) or len(key) > 128:
             raise PayloadError(f"{where}: invalid metric key {key!r}")
         if not isinstance(labels, list):
             raise PayloadError(f"{where}: label values must be an array")

@@ -144,6 +144,7 @@ class Link:
         self.max_qos = 2
         self.topic_alias_max = 0  # the agent never uses topic aliases, so any value is obeyed
         self._status_mid: int | None = None  # the status message while its PUBACK is due
+        self.status_rtt = 0.0  # seconds from connecting to the status message's PUBACK (0: not yet)
         self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
 
     @property
@@ -385,6 +386,7 @@ class Link:
             return
         if mid == self._status_mid:
             self._status_mid = None
+            self.status_rtt = self._clock() - self._up_at  # the link's latency: nothing went before it
             return
         failed = isinstance(reason, ReasonCode) and reason.is_failure
         self._on_ack(mid, not failed, reason.getName() if failed else "")

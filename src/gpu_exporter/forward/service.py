@@ -18,6 +18,10 @@ cannot fit is dropped and counted (``too_large``); the in-flight window never pa
 An unexpected error in a loop turn does not end the thread: it is logged (once a minute), counted, and
 the turn is retried after a backoff, with a fresh connection; ``health`` says when forwarding is not
 working (for /readyz).
+
+On a link thinner than full resolution needs (measured from PUBACKs, or ``--mqtt.max-rate``), and for
+a long backlog after an outage, summaries go before everything else and full-resolution batches only
+as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links").
 """
 
 from __future__ import annotations
@@ -34,7 +38,9 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_exporter import catalog
 from gpu_exporter.config import Config
+from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
+from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
@@ -227,6 +233,9 @@ class Forwarder:
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
         self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
+        self.meter = LinkMeter(registry, config.mqtt_max_rate)
+        # summaries first where the link is too thin for full resolution (adaptive.py)
+        self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_seq = 0
@@ -330,12 +339,15 @@ class Forwarder:
 
     def _apply(self, new: Config) -> None:
         old, self.config = self.config, new
+        self.meter.max_rate = new.mqtt_max_rate
+        self.adaptive.interval = new.mqtt_batch_interval
         self._keys = catalog.kept_keys(new.metrics_include, new.metrics_exclude)
         fields = _LINK_FIELDS
         if any(getattr(old, f) != getattr(new, f) for f in fields):
             settings = LinkSettings.from_config(new, window=WINDOW)  # checked by the reload already
             self.link.close(status=None)
             self._inflight.clear()  # still in the spool: they go again on the new connection
+            self.adaptive.lost()
             self.spool.pinned.clear()
             self._live.clear()
             self.metrics.connected.set(0)
@@ -431,9 +443,11 @@ class Forwarder:
     def _close_batch(self) -> None:
         b, self._open = self._open, _OpenBatch(self._clock())
         entries = self._store(b.samples, b.journal)
+        span = max(self._clock() - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
+        summarized = self.adaptive.closed(b.samples, entries, span, self.link.up)
         if not self.link.up:
             self._growth = min(MAX_GROWTH, self._growth * 2)
-        else:
+        elif not summarized:  # summarised: the raw batch waits in the backlog for room on the link
             self._live.extend(entries)
 
     def _limit(self) -> int:
@@ -496,8 +510,15 @@ class Forwarder:
     # ------------------------------------------------------------------------------------- sending
 
     def _sendable(self) -> bool:
-        if not self.link.up or len(self._inflight) >= self.link.capacity() or self._clock() < self._hold_until:
+        busy = len(self._inflight) + len(self.adaptive.inflight)
+        if not self.link.up or busy >= self.link.capacity() or self._clock() < self._hold_until:
             return False
+        if not self.meter.allowed(self._clock()):
+            return False  # --mqtt.max-rate: nothing goes before the rate allows it
+        if self.adaptive.queue:
+            return True
+        if self.adaptive.active:
+            return False  # a raw batch goes on a weak link only as room allows: checked each turn
         return bool(self._live) or (len(self.spool) > len(self._inflight) and self._tokens >= 1)
 
     def _send(self) -> None:
@@ -509,7 +530,12 @@ class Forwarder:
         live = {e.key for e in self._live}
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
-        while self.link.up and len(self._inflight) < self.link.capacity():
+        if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
+            return  # summaries go before anything else
+        until_next = self._open.opened + self._span() - now  # when the next summary may be due
+        while self.link.up and len(self._inflight) + len(self.adaptive.inflight) < self.link.capacity():
+            if self._live and not self.adaptive.raw_allowed(self._live[0].size, now, until_next):
+                break
             if self._live:
                 entry = self._live.popleft()
                 live.discard(entry.key)
@@ -517,7 +543,7 @@ class Forwarder:
                     continue
             elif self._tokens >= 1:
                 found = self._next_backlog(inflight | live)
-                if found is None:
+                if found is None or not self.adaptive.raw_allowed(found.size, now, until_next):
                     break
                 entry = found
                 self._tokens -= 1
@@ -541,6 +567,7 @@ class Forwarder:
                     self.metrics.publish_errors.inc()
                 break
             self._inflight[mid] = entry
+            self.meter.sent(mid, len(data), now)
             inflight.add(entry.key)
 
     def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
@@ -589,6 +616,9 @@ class Forwarder:
     # ------------------------------------------------------------------------------------- callbacks
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
+        self.meter.acked(mid, self._clock(), self.link.status_rtt)
+        if self.adaptive.inflight.pop(mid, None) is not None:
+            return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return  # the status message, or a batch of a connection already given up
@@ -633,6 +663,7 @@ class Forwarder:
                 self._live.append(newest)
         self._tokens = 1.0
         self._tokens_at = self._clock()
+        self.adaptive.backlog(self.spool.entries_view(), self.spool.get)  # a long backlog: summaries first
 
     def _down(self, message: str) -> None:
         self.metrics.connected.set(0)
@@ -643,6 +674,7 @@ class Forwarder:
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
+        self.adaptive.lost()
         self.spool.pinned.clear()
         self._live.clear()
 

@@ -65,11 +65,16 @@ def _label_text(labels: Sequence[tuple[str, str]]) -> str:
 
 
 def _series_name(key: str, values: tuple[str, ...]) -> str:
+    base, _, stat = key.partition(":")  # "<key>:max" in a summary batch, as the bridge names it
     try:
-        metric = catalog.by_key(key)
+        metric = catalog.by_key(base)
     except KeyError:
         return key  # a newer agent's metric: show the key rather than drop it
-    return metric.name + _label_text(list(metric.const_labels) + list(zip(metric.labels, values, strict=False)))
+    return (
+        metric.name
+        + (f"_{stat}" if stat else "")
+        + _label_text(list(metric.const_labels) + list(zip(metric.labels, values, strict=False)))
+    )
 
 
 def lines(batch: Batch) -> Iterator[dict[str, Any]]:
@@ -84,6 +89,7 @@ def lines(batch: Batch) -> Iterator[dict[str, Any]]:
                 "timestamp": when.replace("+00:00", "Z"),
                 **dict(dev.device.labels()),
                 "up": dev.up,
+                **({"summary_ms": batch.summary_ms} if batch.summary_ms else {}),
                 "values": {_series_name(k, v): value for (k, v), value in sorted(dev.values.items())},
             }
 
