@@ -338,13 +338,17 @@ class Forwarder:
         self._pending = config
 
     def _apply(self, new: Config) -> None:
-        old, self.config = self.config, new
+        old = self.config
+        settings = None
+        if any(getattr(old, f) != getattr(new, f) for f in _LINK_FIELDS):
+            # first: TLS files changed since the reload's check raise here, and nothing has changed yet,
+            # so the next reload tries the new broker settings again
+            settings = LinkSettings.from_config(new, window=WINDOW)
+        self.config = new
         self.meter.max_rate = new.mqtt_max_rate
         self.adaptive.interval = new.mqtt_batch_interval
         self._keys = catalog.kept_keys(new.metrics_include, new.metrics_exclude)
-        fields = _LINK_FIELDS
-        if any(getattr(old, f) != getattr(new, f) for f in fields):
-            settings = LinkSettings.from_config(new, window=WINDOW)  # checked by the reload already
+        if settings is not None:
             self.link.close(status=None)
             self._inflight.clear()  # still in the spool: they go again on the new connection
             self.adaptive.lost()
