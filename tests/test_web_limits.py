@@ -210,3 +210,22 @@ def test_with_every_slot_busy_a_newcomer_gets_a_quick_503_and_is_counted() -> No
         for conn in busy:
             conn.close()
         srv.stop()
+
+
+def test_a_client_that_stops_reading_the_answer_is_closed_and_its_slot_freed(server: MetricsServer) -> None:
+    """Pipelined requests never read: the server's thread blocks writing; the sweep still ends it."""
+    request = b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as conn:
+        conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        conn.connect(("127.0.0.1", server.port))
+        conn.setblocking(False)
+        sent = 0
+        for _ in range(2000):  # until the server stops taking requests: its thread is stuck writing
+            try:
+                sent += conn.send(request)
+            except BlockingIOError:
+                break
+        assert wait_until(lambda: server.connections() == 1, 5)
+        # read + idle timeout is 2 s here; the sweep runs every 0.5 s
+        assert wait_until(lambda: server.connections() == 0, 8), "the stuck connection still holds a slot"
+        assert sent > 0

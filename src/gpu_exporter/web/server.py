@@ -98,7 +98,7 @@ class _Conn:
 
     def kill(self) -> None:
         try:
-            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # wakes the thread blocked in recv
+            socket.socket.shutdown(self.sock, socket.SHUT_RDWR)  # wakes the thread blocked in recv or send
         except OSError:
             pass
 
@@ -108,16 +108,15 @@ class _Handler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"  # keep-alive: Prometheus reuses its connection
     disable_nagle_algorithm = True  # headers and body leave at once, no 40 ms delayed-ACK stall
 
-    def setup(self) -> None:
-        super().setup()
-        limits = self.server.limits
-        self.connection.settimeout(limits.read_timeout + limits.idle_timeout)  # a backstop to the sweep
-
     def parse_request(self) -> bool:
         ok = super().parse_request()
         conn = self.server.conn_of(self.request)
         if conn is not None:
             conn.waiting = False
+            # a client that stops reading the answer is closed by the sweep too (no per-socket timeout:
+            # it would cost a poll() before every read of every scrape)
+            limits = self.server.limits
+            conn.deadline = time.monotonic() + limits.read_timeout + limits.idle_timeout
         if ok and (
             self.headers.get("Content-Length", "0").strip() not in ("", "0") or "Transfer-Encoding" in self.headers
         ):
@@ -308,10 +307,11 @@ class WebServer(ThreadingMixIn, HTTPServer):
         super().shutdown_request(request)
 
     def service_actions(self) -> None:
-        """On the server thread between accepts (every 0.5 s): close connections past their deadline."""
+        """On the server thread between accepts (every 0.5 s): close connections past their deadline (a
+        request not read in time, an idle keep-alive, an answer the client does not take)."""
         now = time.monotonic()
         with self._lock:
-            late = [c for c in self._conns.values() if c.waiting and c.deadline < now]
+            late = [c for c in self._conns.values() if c.deadline < now]
             for conn in late:
                 conn.waiting = False
                 conn.kill()
