@@ -92,7 +92,9 @@ def _outage(cloud: Cloud, agent: DeployedAgent, silent: bool) -> dict[str, float
     restored_at = time.time()
     cloud.wan.restore()
     assert wait_until(lambda: agent.gauge("gpu_exporter_forward_connected") == 1, 20), agent.log()
-    assert wait_until(lambda: agent.gauge("gpu_exporter_forward_spool_batches") == 0, 30), agent.log()
+    # bounded, not timed: the drain speed is a figure (printed below), loss is what this test is about; on a
+    # loaded machine the link meter can judge the link weak and send summaries first, which slows the drain
+    assert wait_until(lambda: agent.gauge("gpu_exporter_forward_spool_batches") == 0, 90), agent.log()
     drained_at = time.time()
     return {"cut": cut_at, "restored": restored_at, "drain_s": drained_at - restored_at, "held": held}
 
