@@ -233,3 +233,15 @@ class BridgeProcess:
         if self.proc is not None and self.proc.poll() is None:
             self.proc.send_signal(sig)
             self.proc.wait(15)
+
+
+class WaitRecorder(threading.Event):
+    """A stop event that is never set and records each wait (a backoff) instead of sleeping it."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.waits: list[float] = []
+
+    def wait(self, timeout: float | None = None) -> bool:
+        self.waits.append(timeout or 0.0)
+        return False

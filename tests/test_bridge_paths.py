@@ -6,7 +6,6 @@ Waits are recorded, not slept: the writer's stop event is the one place it waits
 from __future__ import annotations
 
 import email.utils
-import threading
 import time
 from collections.abc import Iterator
 
@@ -20,19 +19,7 @@ from gpu_exporter.bridge.sender import RemoteWriter
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
 from gpu_exporter.forward.batch import encode
 
-from .bridge_helpers import ScriptedReceiver, make_batch
-
-
-class WaitRecorder(threading.Event):
-    """A stop event that is never set and records each wait instead of sleeping it."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout or 0.0)
-        return False
+from .bridge_helpers import ScriptedReceiver, WaitRecorder, make_batch
 
 
 def _series(n: int = 2) -> list[Series]:

@@ -15,7 +15,7 @@ from gpu_exporter.bridge.metrics import BridgeMetrics
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped, classify
 
-from .bridge_helpers import ScriptedReceiver
+from .bridge_helpers import ScriptedReceiver, WaitRecorder
 from .tsdb import PrometheusServer, prometheus_fixture, victoria_fixture
 
 pytestmark = pytest.mark.integration
@@ -116,18 +116,6 @@ def test_server_errors_are_retried_with_backoff_until_they_succeed() -> None:
     assert len(rx.requests) == 3
     assert rx.requests[0].series == rx.requests[2].series  # the same data again
     assert _metric(registry, "gpu_exporter_bridge_write_errors_total", reason="server") == 2
-
-
-class WaitRecorder(threading.Event):
-    """The writer's stop event, recording each backoff wait instead of sleeping it (never set)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.waits: list[float] = []
-
-    def wait(self, timeout: float | None = None) -> bool:
-        self.waits.append(timeout or 0.0)
-        return False
 
 
 def test_429_is_retried_after_retry_after_and_other_4xx_are_not() -> None:

@@ -14,7 +14,6 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter import config as cfg
 from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
@@ -22,6 +21,7 @@ from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
+from .test_forward_service import make_config, metric
 
 pytestmark = pytest.mark.integration
 
@@ -39,24 +39,6 @@ def sample(seq: int) -> Sample:
         for i, d in enumerate(DEVICES)
     )
     return Sample(seq, 1_700_000_000.0 + seq, devs)
-
-
-def make_config(tmp_path: Path, broker: Broker, **overrides: str) -> cfg.Config:
-    args = {
-        "mqtt.url": broker.url,
-        "node-name": "node-a",
-        "spool.dir": str(tmp_path / "spool"),
-        "mqtt.batch-interval": "200ms",
-        "mqtt.reconnect-max-delay": "500ms",
-        "spool.replay-rate": "200",
-        **overrides,
-    }
-    return cfg.load(args, environ={})
-
-
-def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
-    value = registry.get_sample_value(name, labels)
-    return 0.0 if value is None else value
 
 
 class Clock:
