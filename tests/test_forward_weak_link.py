@@ -162,7 +162,7 @@ def test_a_spike_reaches_the_tsdb_as_a_max_before_full_resolution_on_a_200_bytes
     def spike_as_max() -> bool:
         return any(t >= last and v == SPIKE for t, v in s.stored("gpu_temperature_celsius_max"))
 
-    wait_until(spike_as_max, 4 * BATCH, "the spike as a summary's max")
+    wait_until(spike_as_max, 10 * BATCH, "the spike as a summary's max")  # bounded; under load it takes longer
     raw = {t for t, _ in s.stored("gpu_temperature_celsius")}
     assert not raw & set(range(first, last + 1)), "full resolution of the spike arrived before its summary"
     (max_point,) = [(t, v) for t, v in s.stored("gpu_temperature_celsius_max") if t >= last and v == SPIKE][:1]

@@ -62,13 +62,15 @@ def _forwarded(collector: Collector, boot: str, upto: int) -> set[Point]:
     """(labels, timestamp ms, value) of every device value in the samples 1..upto that crossed the WAN."""
     out: set[Point] = set()
     for batch in list(collector.batches):
-        if batch.boot == boot:
+        if batch.boot == boot and not batch.summary_ms:  # the raw samples (summaries go first on a weak link)
             out |= expected_points(replace(batch, samples=tuple(s for s in batch.samples if s.seq <= upto)))
     return out
 
 
 def _timestamps(collector: Collector, boot: str) -> dict[int, float]:
-    return {s.seq: s.timestamp for b in list(collector.batches) if b.boot == boot for s in b.samples}
+    return {
+        s.seq: s.timestamp for b in list(collector.batches) if b.boot == boot and not b.summary_ms for s in b.samples
+    }
 
 
 def _missing_in_tsdb(tsdb: Server, want: set[Point]) -> set[Point]:
