@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.batch import decode
+from gpu_exporter.forward.batch import Batch, decode
 from gpu_exporter.forward.spool import Spool
 
 from .agent_proc import FAST, Proc
@@ -37,22 +37,22 @@ def run_exporter(procs: list[Proc], tmp_path: Path, *args: str) -> Proc:
     return p.start()
 
 
-def spooled_seqs(spool_dir: Path, boot: str) -> set[int]:
-    """Sequence numbers of ``boot`` held in a stopped exporter's spool (batches and journal)."""
+def spooled_batches(spool_dir: Path) -> list[Batch]:
+    """The batches a stopped exporter's spool holds (spooled batches and the journal of the open one)."""
     spool = Spool(str(spool_dir), 1 << 40, 1e12)
     journal = spool.open()
-    seqs: set[int] = set()
     blobs = [data for _, data in journal]
     for entry in list(spool.entries()):
         data = spool.get(entry)
         assert data is not None
         blobs.append(data)
     spool.close()
-    for data in blobs:
-        batch = decode(data)
-        if batch.boot == boot:
-            seqs.update(s.seq for s in batch.samples)
-    return seqs
+    return [decode(data) for data in blobs]
+
+
+def spooled_seqs(spool_dir: Path, boot: str) -> set[int]:
+    """Sequence numbers of ``boot`` held in a stopped exporter's spool (batches and journal)."""
+    return {s.seq for batch in spooled_batches(spool_dir) if batch.boot == boot for s in batch.samples}
 
 
 def test_exporter_killed_during_an_outage_loses_no_sample(tmp_path: Path, broker: Broker, procs: list[Proc]) -> None:

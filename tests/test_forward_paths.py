@@ -21,7 +21,7 @@ from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
-from .test_forward_service import make_config, metric
+from .test_forward_service import make_config, metric, start_forwarder
 
 pytestmark = pytest.mark.integration
 
@@ -59,12 +59,7 @@ def running(tmp_path: Path) -> Iterator[Any]:
     def start(
         broker: Broker, ring: RingBuffer, clock: Any = time.monotonic, **overrides: str
     ) -> tuple[Forwarder, CollectorRegistry]:
-        registry = CollectorRegistry()
-        fwd = Forwarder(make_config(tmp_path, broker, **overrides), ring, registry, clock=clock)
-        fwd.start()
-        started.append(fwd)
-        assert fwd.ready.wait(10)
-        return fwd, registry
+        return start_forwarder(started, make_config(tmp_path, broker, **overrides), ring, clock)
 
     yield start
     for fwd in started:

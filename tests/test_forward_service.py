@@ -93,18 +93,25 @@ def metric(registry: CollectorRegistry, name: str, **labels: str) -> float:
     return 0.0 if value is None else value
 
 
+def start_forwarder(
+    started: list[Forwarder], config: cfg.Config, ring: RingBuffer, clock: Any = time.monotonic
+) -> tuple[Forwarder, CollectorRegistry]:
+    """A started forwarder (ready) and its registry; ``started`` collects it for the fixture to stop."""
+    registry = CollectorRegistry()
+    fwd = Forwarder(config, ring, registry, clock=clock)
+    fwd.start()
+    started.append(fwd)
+    assert fwd.ready.wait(10)
+    return fwd, registry
+
+
 @pytest.fixture
 def running(tmp_path: Path, broker: Broker) -> Iterator[Any]:
     """A forwarder factory; every forwarder started is stopped at the end."""
     started: list[Forwarder] = []
 
     def start(ring: RingBuffer, **overrides: str) -> tuple[Forwarder, CollectorRegistry]:
-        registry = CollectorRegistry()
-        fwd = Forwarder(make_config(tmp_path, broker, **overrides), ring, registry)
-        fwd.start()
-        started.append(fwd)
-        assert fwd.ready.wait(10)
-        return fwd, registry
+        return start_forwarder(started, make_config(tmp_path, broker, **overrides), ring)
 
     yield start
     for fwd in started:

@@ -9,7 +9,7 @@ import pytest
 
 from .agent_proc import Proc
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
-from .test_forward_cli import spooled_seqs
+from .test_forward_cli import spooled_batches, spooled_seqs
 
 pytestmark = pytest.mark.integration
 
@@ -52,7 +52,7 @@ def test_sigterm_forwards_or_journals_every_sample_taken_the_last_one_included(
         if broker_up:
             assert wait_until(lambda: len(sub.seqs()) == 1 and max(next(iter(sub.seqs().values()))) >= taken, 10)
         received = sub.seqs()
-    boots = set(received) | _spooled_boots(spool_dir)
+    boots = set(received) | {batch.boot for batch in spooled_batches(spool_dir)}
     assert len(boots) == 1, boots
     (boot,) = boots
     kept = received.get(boot, set()) | spooled_seqs(spool_dir, boot)
@@ -60,17 +60,3 @@ def test_sigterm_forwards_or_journals_every_sample_taken_the_last_one_included(
     assert kept == set(range(1, taken + 1)), (sorted(kept), taken)
     if broker_up:
         assert received[boot] == set(range(1, taken + 1))  # connected: sent before exiting, not left behind
-
-
-def _spooled_boots(spool_dir: Path) -> set[str]:
-    from gpu_exporter.forward.batch import decode
-    from gpu_exporter.forward.spool import Spool
-
-    spool = Spool(str(spool_dir), 1 << 40, 1e12)
-    blobs = [data for _, data in spool.open()]
-    for entry in list(spool.entries()):
-        data = spool.get(entry)
-        if data is not None:
-            blobs.append(data)
-    spool.close()
-    return {decode(b).boot for b in blobs}
