@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 
@@ -14,7 +12,7 @@ from gpu_exporter.forward.batch import encode
 from gpu_exporter.forward.summary import encode_summary, summarize
 
 from .bridge_helpers import Publisher, make_batch
-from .test_bridge_service import Running
+from .test_bridge_service import Running, broker  # noqa: F401  (broker: the fixture, a plain Mosquitto)
 from .tsdb import MosquittoServer, VictoriaMetricsServer, victoria_fixture, wait_until
 
 pytestmark = pytest.mark.integration
@@ -22,16 +20,9 @@ pytestmark = pytest.mark.integration
 victoria = victoria_fixture()
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
-    server = MosquittoServer(tmp_path / "mqtt")
-    server.start()
-    yield server
-    server.stop()
-
-
 def test_a_summary_first_and_the_raw_samples_after_are_both_written_once(
-    broker: MosquittoServer, victoria: VictoriaMetricsServer
+    broker: MosquittoServer,  # noqa: F811
+    victoria: VictoriaMetricsServer,
 ) -> None:
     node = f"edge-{uuid.uuid4().hex[:8]}"
     raw = make_batch(node, "boot-1", list(range(1, 13)), time.time() - 600)
