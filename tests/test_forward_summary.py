@@ -183,22 +183,96 @@ def test_max_rate_spaces_publishes_by_their_size() -> None:
     assert LinkMeter(None).allowed(0.0)  # no cap
 
 
-def test_the_summary_window_grows_as_the_link_shrinks() -> None:
+def link_of(rate: float) -> LinkMeter:
+    """A meter that measured ``rate`` bytes per second (one 1000-byte PUBLISH acknowledged)."""
     meter = LinkMeter(None)
+    meter.sent(1, 1000, 0.0)
+    meter.acked(1, 1000 / rate, latency=0.0)
+    return meter
+
+
+def gpus(seq: int, n: int = 8) -> Sample:
+    """``n`` GPUs whose gauges move every second and whose counters climb (NVLink bytes, energy)."""
+    devices = []
+    for g in range(n):
+        values = {("temp_gpu", ()): 50.0 + (seq * 7 + g) % 23, ("power", ()): 300.0 + (seq * 13 + g) % 97}
+        values[("energy", ())] = 1000.0 * seq + g
+        for link in range(4):
+            values[("nvlink_tx", (str(link),))] = 4096.0 * seq * (link + 1) + g
+        values[("xid_errors", ("79",))] = 0.0
+        devices.append(DeviceSample(DeviceId(str(g), f"GPU-{g}"), True, values, {"name": "sim"}))
+    return Sample(seq, T0 + seq, tuple(devices))
+
+
+def run_weak(adaptive: Adaptive, seconds: int) -> list[tuple[Sample, float]]:
+    """Samples a second apart into a weak forwarder's adaptive part (the first batch of 10 starts the
+    window); the fresh summaries it made, as (point, window seconds), taken as soon as each is made."""
+    first = [gpus(s) for s in range(1, 11)]
+    assert adaptive.closed(first, [entry(1, 9000)], 10.0, connected=True)  # weak: the raw batch waits
+    made = []
+    for seq in range(11, seconds + 1):
+        adaptive.add(gpus(seq))
+        if adaptive._pending is not None:
+            point, span, _ = adaptive._pending
+            made.append((point, span))
+            adaptive._pending = None  # the link took it
+    return made
+
+
+@pytest.mark.parametrize("rate", [400.0, 60.0, 2.0])
+def test_the_summary_window_grows_as_far_as_the_link_requires(rate: float) -> None:
+    """A window takes a summary's size over 90 % of the link (at least one batch interval), closes at
+    the sample where it is due rather than at a batch boundary, and has no cap of 16 intervals."""
+    meter = link_of(rate)
+    meter.produced(9000, 10.0)  # full resolution: 900 B/s, more than any of these links
     adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
-    meter.sent(1, 10, 0.0)
-    meter.acked(1, 1.0, latency=0.0)  # 10 B/s: less than one summary (~150 bytes) per interval
-    seq = 0
-    factors = []
-    for _ in range(12):
-        samples = [sample(seq := seq + 1, 60.0, float(seq)) for _ in range(10)]
-        assert adaptive.closed(samples, [entry(seq, 5000)], 10.0, connected=True)  # weak: the raw batch waits
-        factors.append(adaptive.factor)
-    assert factors[-1] > 1
-    assert adaptive.emitted < 12
-    spans = [decode(d).summary_ms for d in adaptive.queue]
-    assert spans[-1] > spans[0]
-    assert not adaptive.closed([sample(seq + 1, 60.0, 0.0)], [entry(seq + 1, 5000)], 10.0, connected=False)
+    made = run_weak(adaptive, 1200)
+    assert made, "no summary"
+    size = len(encode_summary("node-a", "boot-1", [made[-1][0]], made[-1][1]))
+    expected = max(10.0, (size + 80) / (0.9 * rate))
+    spans = [span for _, span in made[1:]]
+    assert all(abs(span - adaptive.window_s) <= 1.0 + 0.3 * adaptive.window_s for span in spans), spans
+    assert adaptive.window_s == pytest.approx(expected, rel=0.35)
+    if rate == 8.0:
+        assert adaptive.window_s > 16 * 10.0  # past the former cap of 16 batch intervals
+    if rate == 400.0:
+        assert adaptive.every == 1  # the whole summary fits within two batch intervals: all counters go
+        assert all(("energy:last", ()) in d.values for p, _ in made for d in p.devices)
+
+
+def test_on_a_link_too_thin_for_whole_summaries_counters_go_in_turns_and_alerts_in_every_window() -> None:
+    meter = link_of(20.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    made = run_weak(adaptive, 900)
+    assert adaptive.every > 1
+    k = adaptive.every
+    tail_points = [p for p, _ in made[-2 * k :]]
+    for point in tail_points:
+        with_counters = [d for d in point.devices if ("energy:last", ()) in d.values]
+        assert len(with_counters) <= -(-8 // k)  # a share of the devices only
+        for dev in point.devices:  # gauges, and the counters an alert waits for, in every window
+            assert ("temp_gpu:max", ()) in dev.values and ("xid_errors:last", ("79",)) in dev.values
+    covered = {d.device.uuid for p in tail_points for d in p.devices if ("energy:last", ()) in d.values}
+    assert covered == {f"GPU-{g}" for g in range(8)}  # every device's counters within k windows
+
+
+def test_a_fresh_summary_the_link_has_not_taken_is_merged_into_the_next() -> None:
+    meter = link_of(60.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    assert adaptive.closed([gpus(s) for s in range(1, 11)], [entry(1, 9000)], 10.0, connected=True)
+    spans = []
+    seq = 10
+    while adaptive.merged < 2:  # nothing is sent: each window closes onto the one still waiting
+        seq += 1
+        adaptive.add(gpus(seq))
+        if adaptive._pending is not None:
+            spans.append(adaptive._pending[1])
+        assert seq < 2000
+    point, span, _ = adaptive._pending  # type: ignore[misc]
+    assert point.seq == seq and span >= 2 * adaptive.window_s * 0.7
+    assert point.devices[0].values[("temp_gpu:max", ())] == max(50.0 + (s * 7) % 23 for s in range(1, seq + 1))
 
 
 def test_tail_shows_a_summary_under_the_names_the_bridge_writes() -> None:

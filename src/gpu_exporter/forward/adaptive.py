@@ -1,19 +1,29 @@
 """Adaptive forwarding: summaries first while full resolution does not fit the link.
 
-The forwarder asks this module three things (docs/forwarding.md, "Weak links"):
+The forwarder tells this module of every sample it takes (``add``) and of every full-resolution batch it
+closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak links"):
 
-- ``closed``: a full-resolution batch was closed and spooled. While the link is weak (``LinkMeter.weak``)
-  its samples are added to the open summary window and the batch waits in the spool's backlog instead
-  of going ahead as a fresh batch. A summary is emitted once the window covers ``factor`` batch
-  intervals; the factor doubles (up to 16) while summaries take over three quarters of what the link
-  carries and halves again when they take under a quarter: the window grows as the link shrinks.
+- ``closed``: a batch was closed and spooled. While the link is weak (``LinkMeter.weak``) the batch waits
+  in the spool's backlog instead of going ahead as a fresh batch, and the samples go into a summary
+  window instead (the first weak batch's samples start it).
+- ``add``: while weak, each sample joins the open window, which closes as soon as it spans
+  ``window_s`` seconds (at sample granularity, not batch intervals). The window is as long as the link
+  requires: the last summary's size over ``SHARE`` of the link's capacity, at least one batch interval.
+  The cloud's lag is then about one window plus one summary's time on the link, so the summary is kept
+  small where that buys freshness: on a link too thin to bring a whole summary within two batch
+  intervals, each device's counters (exact at any two points: energy, NVLink and PCIe bytes...) travel
+  every ``every``-th window only, devices in turn, while gauges and the counters an alert waits for go
+  in every window. ``every`` is the least that brings the lag near what dropping counters altogether
+  would.
+- ``send``: the fresh summary first, cut to what the link carries at once (forward/split.py), then the
+  summaries of a backlog. A fresh summary the link has not taken yet when the next window closes is
+  merged into it: the window widens by itself, and nothing queues behind a link that fell behind.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
   carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, and
   neighbouring points merge into wider windows until all of them take the link at most
   ``COARSE_SECONDS``: an outage is visible coarse before its full resolution has drained.
 - ``raw_allowed``: whether a full-resolution batch may be published now. With ``--mqtt.max-rate`` only
-  what the rate allows; while weak, only if its PUBACK is due before the next summary, so that a raw
-  batch never delays fresh data.
+  what the rate allows; while weak, only if its PUBACK is due before the next summary.
 
 Summaries live in memory only (the raw batches they summarise stay in the spool); what the broker did
 not acknowledge when the connection dropped is summarised again from the spool on reconnect.
@@ -25,22 +35,39 @@ import logging
 import math
 from collections import OrderedDict, deque
 from collections.abc import Callable, Iterable
+from typing import Any
 
-from gpu_exporter.forward.batch import PayloadError, decode
+from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link
+from gpu_exporter.forward.mqtt import Link, payload_budget
+from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Entry
-from gpu_exporter.forward.summary import encode_summary, merge, summarize
-from gpu_exporter.model import Sample
+from gpu_exporter.forward.summary import Window, encode_summary, merge, summarize
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
-__all__ = ["COARSE_SECONDS", "MAX_BACKLOG", "MAX_FACTOR", "Adaptive"]
+__all__ = ["COARSE_SECONDS", "EVERY", "MAX_BACKLOG", "MAX_WINDOW", "SHARE", "Adaptive"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
-MAX_FACTOR = 16  # longest summary window, in batch intervals
+SHARE = 0.9  # of what summaries travel at, the share they take (the rest: PINGREQs, raw batches)
+MAX_WINDOW = 86400.0  # seconds: the longest summary window
+EVERY = (1, 2, 4, 8, 16)  # counters every this many windows
 MAX_BACKLOG = 4096  # spooled batches summarised on reconnect
 _POINTS = 64  # summary points per backlog summary batch
 COARSE_SECONDS = 30.0  # the summaries of a backlog take the link this long at most (windows widen to fit)
+_FRAMING = 80  # bytes a PUBLISH adds to a summary's payload (topic, packet id, properties)
+_PART = 300  # bytes each further part of a summary cut to fit the link costs (its header, metric list)
+
+
+def _join(a: Sample, b: Sample) -> Sample:
+    """One summary point of two that hold different devices (or series) of the same sample: the parts of
+    a sample cut to fit the link (forward/split.py), summarised each on its own."""
+    devices = {d.device: d for d in a.devices}
+    for dev in b.devices:
+        mine = devices.get(dev.device)
+        values = {**mine.values, **dev.values} if mine is not None else dev.values
+        devices[dev.device] = DeviceSample(dev.device, dev.up, values)
+    return Sample(a.seq, a.timestamp, tuple(devices.values()))
 
 
 class Adaptive:
@@ -49,15 +76,24 @@ class Adaptive:
         self.interval = interval  # --mqtt.batch-interval
         self.boot = boot
         self.meter = meter
-        self.factor = 1
-        self.queue: deque[bytes] = deque()  # summary payloads, sent before anything else
+        self.window_s = interval  # what the open window spans before it closes
+        self.every = 1  # each device's counters go in every this many windows (EVERY)
+        self.queue: deque[bytes] = deque()  # backlog summary payloads, after the fresh summary
+        self._fresh: deque[bytes] = deque()  # the fresh summary on its way, in parts
+        self._pending: tuple[Sample, float, int] | None = None  # a fresh summary not yet sent: point, span, size
         self.inflight: dict[int, int] = {}  # summaries published: mid -> bytes
-        self._window: list[Sample] = []
-        self._window_span = 0.0
-        self.emitted = 0  # summary batches made (for tests and the log)
+        self._window: Window | None = None
+        self._start = 0.0  # timestamp the open window starts at (the previous window's last sample)
+        self._windows = 0  # windows closed while weak (the counter rotation)
+        self.emitted = 0  # fresh summaries made (for tests and the log)
+        self.merged = 0  # fresh summaries merged into the next one, the link not having taken them yet
         self.active = False  # summarising: full resolution does not fit
+        self.rate = 0.0  # bytes per second fresh summaries travel at, end to end (0: not measured yet)
+        self._delivery: list[Any] | None = None  # the fresh summary on its way: [start, bytes, mids, idle]
         # spool key -> summary of that batch made when it was closed (None: summarised already)
         self._made: OrderedDict[str, bytes | None] = OrderedDict()
+
+    # ------------------------------------------------------------------------------------ windows
 
     def closed(self, samples: list[Sample], entries: list[Entry], span: float, connected: bool) -> bool:
         """A full-resolution batch was spooled as ``entries``; True when it should wait in the backlog
@@ -67,21 +103,104 @@ class Adaptive:
         if not connected and entries:
             self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
         weak = connected and self.meter.weak()
-        self._flag(weak)
         if weak and entries:
-            self._remember(entries, None)  # summarised live below: not again after an outage
+            self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:
-            self._window, self._window_span = [], 0.0
+            self._flag(False)
+            self._window = None
+            self.every = 1
             return False
-        self._window.extend(samples)
-        self._window_span += span
-        if self._window_span >= self.factor * self.interval * 0.999:
-            data = encode_summary(self.node, self.boot, [summarize(self._window)], self._window_span)
-            self.queue.append(data)
-            self.emitted += 1
-            self._adapt(len(data) / self._window_span)
-            self._window, self._window_span = [], 0.0
+        if not self.active:  # the first weak batch starts the window; later samples come through ``add``
+            self._flag(True)
+            self._window = Window()
+            self._start = samples[0].timestamp - span / max(1, len(samples))
+            for sample in samples:
+                self._window.add(sample)
+            self._size(self._window)
+            self._due()
         return True
+
+    def add(self, sample: Sample) -> None:
+        """A sample taken by the forwarder: into the open window while weak."""
+        if not self.active:
+            return
+        if self._window is None:
+            self._window = Window()
+        self._window.add(sample)
+        self._due()
+
+    def _due(self) -> None:
+        window = self._window
+        if window is None or window.last is None:
+            return
+        span = window.last.timestamp - self._start
+        if span < self.window_s:
+            return
+        self._windows += 1
+        k, turn = self.every, self._windows
+
+        def counters_of(position: int, device: DeviceId) -> bool:
+            return k == 1 or position % k == turn % k
+
+        point = window.point(counters_of)
+        size = self._size(window)
+        self._window, self._start = None, window.last.timestamp
+        self.emitted += 1
+        if self._pending is not None:  # the link has not taken the previous one: one wider window instead
+            merged, span = merge([self._pending[:2], (point, span)])
+            point = merged
+            self.merged += 1
+        self._pending = (point, span, size)
+        log.debug(
+            "summary of %.1fs (%d bytes, counters of every %d): next window %.1fs at %.0f B/s, %d merged so far",
+            span,
+            size,
+            k,
+            self.window_s,
+            self._rate(),
+            self.merged,
+        )
+
+    def _size(self, window: Window) -> int:
+        """Measure a summary of ``window`` with and without counters, and size the next windows and the
+        counters' turn from it; the size of what this window sends."""
+        full = len(encode_summary(self.node, self.boot, [window.point()], self.window_s))
+        gauges = len(encode_summary(self.node, self.boot, [window.point(lambda p, d: False)], self.window_s))
+        budget = self._rate()
+        if budget:
+            plans = [self._plan(gauges + (full - gauges) / k, budget) for k in EVERY]
+            best = plans[-1][0]
+            for k, (lag, span) in zip(EVERY, plans, strict=True):
+                if lag <= max(2 * self.interval, best + 0.2 * self.interval):
+                    if k != self.every:
+                        log.info(
+                            "link carries %.0f B/s: summaries every %.0fs, each device's counters in every %s",
+                            budget,
+                            span,
+                            "window" if k == 1 else f"{k}th window",
+                        )
+                    self.every, self.window_s = k, span
+                    self._show()
+                    break
+        return round(gauges + (full - gauges) / self.every)
+
+    def _rate(self) -> float:
+        """What fresh summaries get through at: as measured on them, from the first part's publish on an
+        idle link to the last part's PUBACK (headers, acknowledgements and the round trip included, which
+        the link meter's figure for a lone packet leaves out), else the link meter's; within
+        --mqtt.max-rate."""
+        rate = self.rate or self.meter.budget()
+        return min(rate, self.meter.max_rate) if self.meter.max_rate and rate else rate
+
+    def _plan(self, payload: float, budget: float) -> tuple[float, float]:
+        """(lag, window) for fresh summaries of ``payload`` bytes on a link of ``budget`` bytes/s: one
+        window plus the summary's time on the link, cut in parts of the pacing window if larger."""
+        size = payload + _FRAMING
+        cap = self.meter.window()
+        if size > cap:
+            size += _PART * (math.ceil(size / cap) - 1)
+        span = min(MAX_WINDOW, max(self.interval, size / (SHARE * budget)))
+        return span + size / budget, span
 
     def _remember(self, entries: list[Entry], data: bytes | None) -> None:
         self._made[entries[0].key] = data
@@ -90,20 +209,28 @@ class Adaptive:
         while len(self._made) > MAX_BACKLOG:
             self._made.popitem(last=False)
 
-    def _adapt(self, rate: float) -> None:
-        budget = self.meter.budget()
-        if not budget:
-            return
-        if rate > 0.75 * budget and self.factor < MAX_FACTOR:
-            self.factor *= 2
-        elif rate < 0.25 * budget and self.factor > 1:
-            self.factor //= 2
-
     def _flag(self, weak: bool) -> None:
         self.active = weak
         gauge = self.meter.summarizing
         if gauge is not None:
             gauge.set(1 if weak else 0)
+        self._show()
+
+    def _show(self) -> None:
+        gauge = self.meter.summary_window
+        if gauge is not None:
+            gauge.set(self.window_s if self.active else 0)
+
+    def next_due(self, now: float) -> float:
+        """Seconds until the open window closes (wall clock ``now``); a long time when not summarising. A
+        window past its end closes with the next sample: when none comes (sampling paused), nothing fresh
+        is held back, and a batch interval is the wait assumed."""
+        if not self.active:
+            return math.inf
+        due = self._start + self.window_s - now
+        return due if due > 0 else self.interval
+
+    # ------------------------------------------------------------------------------------ backlog
 
     def backlog(self, entries: Iterable[Entry], read: Callable[[Entry], bytes | None]) -> int:
         """On reconnect: summary points of the spooled backlog when it will take long to drain; how many."""
@@ -141,6 +268,13 @@ class Adaptive:
         made = 0
         for (node, boot), points in groups.items():
             points.sort(key=lambda p: p[0].seq)
+            joined: list[tuple[Sample, float]] = []
+            for point, span in points:
+                if joined and joined[-1][0].seq == point.seq:  # another part of the same sample
+                    joined[-1] = (_join(joined[-1][0], point), joined[-1][1])
+                else:
+                    joined.append((point, span))
+            points = joined
             points = self._coarsen(node, boot, points, budget)
             for i in range(0, len(points), _POINTS):
                 chunk = points[i : i + _POINTS]
@@ -156,41 +290,97 @@ class Adaptive:
         self, node: str, boot: str, points: list[tuple[Sample, float]], budget: float
     ) -> list[tuple[Sample, float]]:
         """Fewer, wider points when the summaries of the backlog would take the link over COARSE_SECONDS."""
-        probe = points[:_POINTS]
-        per_point = len(encode_summary(node, boot, [p for p, _ in probe], self.interval)) / len(probe)
-        k = math.ceil(len(points) * per_point / (budget * COARSE_SECONDS))
-        if k <= 1:
-            return points
-        return [merge(points[i : i + k]) for i in range(0, len(points), k)]
+        limit = budget * COARSE_SECONDS
+        merged, k = points, 1
+        for _ in range(8):  # a merged point holds more statistics than the ones it stands for: measure again
+            probe = [p for p, _ in merged[:_POINTS]]  # one batch of points, as it will be sent
+            size = len(encode_summary(node, boot, probe, self.interval)) * len(merged) / len(probe)
+            if size <= limit or len(merged) == 1:
+                break
+            k = max(k + 1, math.ceil(k * size / limit))
+            merged = [merge(points[i : i + k]) for i in range(0, len(points), k)]
+        return merged
+
+    # ------------------------------------------------------------------------------------ sending
 
     def raw_allowed(self, size: int, now: float, until_next: float) -> bool:
-        """Whether a full-resolution batch of ``size`` bytes may be published now, the next batch being due
-        in ``until_next`` seconds: within --mqtt.max-rate, and while weak only if its PUBACK is due before
-        the next summary (what is in flight included), so that full resolution never holds fresh data back."""
+        """Whether a full-resolution batch of ``size`` bytes may be published now, the next summary being
+        due in ``until_next`` seconds: within --mqtt.max-rate, and while weak only if its PUBACK is due
+        before the next summary (what is in flight included), so that full resolution never holds fresh
+        data back."""
         if not self.meter.allowed(now):
             return False
         return not self.active or self.meter.seconds_for(size) <= until_next
 
+    def waiting(self) -> bool:
+        """Whether a summary waits to be published."""
+        return bool(self._fresh or self._pending is not None or self.queue)
+
     def send(self, link: Link, topic: str, room: int, now: float) -> bool:
-        """Publish queued summaries while ``room`` (in-flight slots less what is in flight) and the rate
-        allow; False while some still wait."""
-        queue = self.queue
-        while queue and link.up and len(self.inflight) < room:
-            if not self.meter.allowed(now):
-                return False
-            data = queue[0]
-            if not link.fits(topic, len(data)):
-                queue.popleft()  # far smaller than the batches it stands for: not seen in practice
+        """Publish summaries while ``room`` (in-flight slots less what is in flight), the pacing window and
+        the rate allow: the fresh one first, then the backlog's; False while some still wait."""
+        while link.up and len(self.inflight) < room:
+            if not self._fresh and self._pending is not None:
+                point, span, size = self._pending
+                if not self.meter.room(size + _FRAMING):
+                    return False  # not on the link yet: the next window may still merge into it
+                self._pending = None
+                self._fresh.extend(
+                    self._cut(Batch(self.node, self.boot, (point,), max(1, round(span * 1000))), link, topic)
+                )
+                self._delivery = [now, 0, set(), not self.meter.inflight_bytes()]
                 continue
+            source = self._fresh or self.queue
+            if not source:
+                return True
+            data = source[0]
+            if not link.fits(topic, len(data)):  # cut to what the link (or broker) takes now
+                source.popleft()
+                try:
+                    source.extendleft(reversed(self._cut(decode(data), link, topic)))
+                except PayloadError:
+                    pass
+                continue
+            packet = link.packet_size(topic, len(data))
+            if not self.meter.allowed(now) or not self.meter.room(packet):
+                return False
             mid = link.publish(topic, data)
             if mid is None:
                 return False
-            queue.popleft()
+            fresh = source is self._fresh
+            source.popleft()
             self.inflight[mid] = len(data)
-            self.meter.sent(mid, len(data), now)
-        return not queue
+            self.meter.sent(mid, packet, now)
+            if fresh and self._delivery is not None:
+                self._delivery[1] += packet
+                self._delivery[2].add(mid)
+        return not self.waiting()
+
+    def acked(self, mid: int, now: float) -> bool:
+        """A PUBACK; True when it was a summary's. The last part of a fresh summary sent on an idle link
+        measures what fresh summaries travel at (``rate``)."""
+        if self.inflight.pop(mid, None) is None:
+            return False
+        delivery = self._delivery
+        if delivery is not None and mid in delivery[2]:
+            delivery[2].discard(mid)
+            if not delivery[2] and not self._fresh:
+                self._delivery = None
+                took = now - delivery[0]
+                if delivery[3] and took > 0:
+                    sample = delivery[1] / took
+                    self.rate = sample if not self.rate else 0.3 * self.rate + 0.7 * sample
+        return True
+
+    def _cut(self, batch: Batch, link: Link, topic: str) -> list[bytes]:
+        limit = payload_budget(topic, link.packet_limit(), link.v5) if link.packet_limit() else 1 << 30
+        parts, unfit = split(batch, limit, encoder=encode)
+        if unfit:
+            log.debug("%d summary values over the packet limit of %d bytes: left out", len(unfit), limit)
+        return [data for _, data in parts]
 
     def lost(self) -> None:
         """The connection dropped: summaries in flight are not sent again (the spool still has it all)."""
         self.inflight.clear()
+        self._delivery = None
         self.meter.lost()

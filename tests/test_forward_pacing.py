@@ -1,0 +1,133 @@
+"""Pacing and the incoming-packet guard, piece by piece (timings passed in by hand; the real-time path
+through a shaped kernel link is tests/test_forward_realtime.py, a hostile broker tests/test_forward_peers.py).
+"""
+
+from __future__ import annotations
+
+import socket
+
+import pytest
+
+from gpu_exporter.forward.link_meter import FIRST_WINDOW, MIN_WINDOW, PACE, LinkMeter
+from gpu_exporter.forward.mqtt import _Guard
+
+
+def test_nothing_unacknowledged_passes_what_the_link_carries_in_a_share_of_the_keepalive() -> None:
+    meter = LinkMeter(None, keepalive=30)
+    now = 0.0
+    for mid in range(1, 4):  # three packets back to back on a 150 B/s link
+        meter.sent(mid, 1500, now)
+    for mid in range(1, 4):
+        now += 10.0
+        meter.acked(mid, now)
+    assert meter.capacity == pytest.approx(150)
+    assert meter.window() == int(150 * PACE * 30)  # 2700 bytes: 18 s of the link
+    assert meter.room(2700)  # alone (the forwarder cuts packets to the window)
+    meter.sent(4, 2000, now)
+    assert not meter.room(701) and meter.room(700)
+
+
+def test_a_burst_after_an_idle_link_does_not_size_the_window() -> None:
+    """A token bucket lets the first kilobyte through at once: 1 KiB acknowledged in half a second on a
+    100 B/s link must not open the window to what 2 kB/s would allow."""
+    meter = LinkMeter(None, keepalive=30)
+    meter.sent(1, 1024, 0.0)
+    meter.acked(1, 0.5)
+    assert meter.capacity > 1000  # what the packet alone says...
+    assert meter.window() == 2 * FIRST_WINDOW  # ...is not trusted yet: slow start, one doubling
+    meter.sent(2, 2048, 1.0)
+    meter.acked(2, 21.5)  # the rest of the truth: 100 B/s
+    assert meter.window() == pytest.approx(int(meter.capacity * PACE * 30))
+    assert meter.window() < 4000
+
+
+def test_a_fast_link_opens_the_window_in_a_few_round_trips() -> None:
+    meter = LinkMeter(None, keepalive=30)
+    for mid in range(1, 12):
+        meter.sent(mid, meter.window(), mid * 0.01)
+        meter.acked(mid, mid * 0.01 + 0.002)
+    assert meter.window() >= 1 << 20
+
+
+def test_a_puback_timeout_or_a_connection_lost_with_packets_in_flight_halves_the_window() -> None:
+    meter = LinkMeter(None, keepalive=30)
+    meter.sent(1, 3000, 0.0)
+    meter.acked(1, 20.0)  # 150 B/s
+    before = meter.window()
+    meter.sent(2, 1000, 20.0)
+    meter.lost()
+    assert meter.inflight_bytes() == 0 and meter.oldest() is None
+    assert meter.window() == FIRST_WINDOW // 2  # measured again from scratch, half as bold
+    assert before > meter.window()
+    for _ in range(10):
+        meter.timed_out()
+    assert meter.window() == MIN_WINDOW
+    meter.lost()  # nothing in flight: no halving
+    assert meter.window() == MIN_WINDOW
+
+
+class FakeSocket:
+    """Hands out a byte stream in whatever pieces the reader asks for, recording each request."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.asked: list[int] = []
+
+    def recv(self, bufsize: int, *flags: int) -> bytes:
+        self.asked.append(bufsize)
+        out, self.data = self.data[:bufsize], self.data[bufsize:]
+        return out
+
+    def fileno(self) -> int:
+        return 7
+
+
+def read_all(guard: _Guard) -> bytes:
+    out = b""
+    while True:
+        chunk = guard.recv(1 << 28)  # what paho asks: the whole rest of the packet at once
+        if not chunk:
+            return out
+        out += chunk
+
+
+def test_the_guard_passes_packets_within_the_limit_and_never_asks_for_more_than_a_chunk() -> None:
+    puback = b"\x40\x02\x00\x07"
+    publish = b"\x30\x82\x80\x01" + b"x" * 16386  # remaining length 16386, within 64 KiB
+    sock = FakeSocket(puback + publish + puback)
+    guard = _Guard(sock, 64 * 1024)
+    assert read_all(guard) == puback + publish + puback
+    assert max(sock.asked) <= 16 * 1024
+    assert guard.violation == 0
+    assert guard.fileno() == 7  # everything else is the socket's own
+
+
+@pytest.mark.parametrize("announced", [64 * 1024 - 3, 256_000_000, 2**28 - 1])  # the first: one byte over
+def test_the_guard_refuses_a_packet_over_the_limit_before_reading_its_body(announced: int) -> None:
+    length = bytearray()
+    n = announced
+    while True:
+        n, byte = divmod(n, 128)
+        length.append(byte | (0x80 if n else 0))
+        if not n:
+            break
+    sock = FakeSocket(b"\x30" + bytes(length) + b"\x00" * 4096)
+    guard = _Guard(sock, 64 * 1024)
+    with pytest.raises(ConnectionAbortedError):
+        read_all(guard)
+    assert guard.violation == 1 + len(length) + announced
+    assert sum(sock.asked) == 1 + len(length)  # the header only: not one byte of the body
+    with pytest.raises(OSError):
+        guard.recv(1)  # and nothing more after
+
+
+def test_the_guard_wraps_a_real_socket_for_select_and_send() -> None:
+    a, b = socket.socketpair()
+    try:
+        guard = _Guard(a, 1024)
+        b.sendall(b"\xd0\x00")  # PINGRESP
+        assert guard.recv(1) == b"\xd0" and guard.recv(1) == b"\x00"
+        assert guard.send(b"\xc0\x00") == 2 and b.recv(2) == b"\xc0\x00"
+    finally:
+        a.close()
+        b.close()
