@@ -229,7 +229,9 @@ def test_a_burst_of_backlog_fills_the_window_without_publish_errors(
             fwd.stop(5)
     assert metric(registry, "gpu_exporter_forward_publish_errors_total") == 0  # none refused, none lost
     with proxy.wire.lock:
-        assert proxy.wire.max_inflight == 17  # a full window of batches, and the status message
+        # a full window of batches (16), the status message's own slot on top; the pacing window opens
+        # over the first round trips (slow start), so the status may be acknowledged by then
+        assert 16 <= proxy.wire.max_inflight <= 17
 
 
 @pytest.mark.parametrize("limited", ["max_qos 0\n"], indirect=True)

@@ -21,10 +21,11 @@ def test_nothing_unacknowledged_passes_what_the_link_carries_in_a_share_of_the_k
         now += 10.0
         meter.acked(mid, now)
     assert meter.capacity == pytest.approx(150)
-    assert meter.window() == int(150 * PACE * 30)  # 2700 bytes: 18 s of the link
-    assert meter.room(2700)  # alone (the forwarder cuts packets to the window)
+    window = meter.window()
+    assert window == int(150 * PACE * 30)  # 3150 bytes: 21 s of the link
+    assert meter.room(window)  # alone (the forwarder cuts packets to the window)
     meter.sent(4, 2000, now)
-    assert not meter.room(701) and meter.room(700)
+    assert not meter.room(window - 1999) and meter.room(window - 2000)
 
 
 def test_a_burst_after_an_idle_link_does_not_size_the_window() -> None:

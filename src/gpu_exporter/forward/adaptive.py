@@ -49,7 +49,7 @@ __all__ = ["COARSE_SECONDS", "EVERY", "MAX_BACKLOG", "MAX_WINDOW", "SHARE", "Ada
 
 log = logging.getLogger("gpu_exporter.forward")
 
-SHARE = 0.9  # of what summaries travel at, the share they take (the rest: PINGREQs, raw batches)
+SHARE = 0.95  # of what summaries travel at, the share they take (the rest: PINGREQs, raw batches)
 MAX_WINDOW = 86400.0  # seconds: the longest summary window
 EVERY = (1, 2, 4, 8, 16)  # counters every this many windows
 MAX_BACKLOG = 4096  # spooled batches summarised on reconnect
@@ -310,7 +310,10 @@ class Adaptive:
         data back."""
         if not self.meter.allowed(now):
             return False
-        return not self.active or self.meter.seconds_for(size) <= until_next
+        if not self.active:
+            return True
+        rate = self._rate()  # what summaries get through at, end to end: a lone packet's figure is kinder
+        return bool(rate) and (self.meter.inflight_bytes() + size) / rate <= 0.8 * until_next
 
     def waiting(self) -> bool:
         """Whether a summary waits to be published."""

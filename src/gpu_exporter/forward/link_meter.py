@@ -40,7 +40,7 @@ __all__ = ["FIRST_WINDOW", "HEADROOM", "MIN_WINDOW", "PACE", "TRUSTED", "LinkMet
 log = logging.getLogger("gpu_exporter.forward")
 
 HEADROOM = 0.9  # full resolution must fit in this share of the capacity
-PACE = 0.6  # what may be unacknowledged: what the link carries in this share of the keepalive
+PACE = 0.7  # what may be unacknowledged: what the link carries in this share of the keepalive
 FIRST_WINDOW = 1024  # bytes unacknowledged before the link was measured (10 s of a 100 B/s link)
 TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it sizes the window
 MIN_WINDOW = 512  # the least the window shrinks to after PUBACK timeouts
