@@ -102,6 +102,15 @@ class Proxy:
             t.join(5)
         self._server.close()
 
+    def take_over(self) -> None:
+        """Disconnect every client as an MQTT 5 broker does when another client connects with the same
+        client id: DISCONNECT with reason 0x8E (Session taken over), then close (Mosquitto 2.0.15 and later,
+        EMQX, HiveMQ; Debian's Mosquitto 2.0.11 closes without a word)."""
+        for client in list(self._socks[0::2]):
+            with contextlib.suppress(OSError):
+                client.sendall(b"\xe0\x01\x8e")
+        self.drop_connections()
+
     def drop_connections(self) -> None:
         """Close every connection open now (a broker restart): the client connects again."""
         for s in list(self._socks):

@@ -278,7 +278,7 @@ def test_a_broker_whose_maximum_packet_is_below_one_sample_of_8_gpus_gets_every_
             if seq == 40:
                 proxy.blocked = False
             time.sleep(0.1)
-        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 60)
+        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_published_samples_total") == 80, 60)
         assert wait_until(lambda: bridge.metric("gpu_exporter_bridge_queue_messages") == 0, 30)
     finally:
         fwd.stop(5)

@@ -1,10 +1,10 @@
 """A thin uplink in real time, as a network makes it: the exporter CLI (8 simulated GPUs read every
 second, 10 s batches, the default 30 s keepalive) in a network namespace whose uplink and downlink are
 shaped by ``tc tbf`` to 150 bytes per second (tests/netns.py), a real Mosquitto, the real bridge and a
-real VictoriaMetrics. Full resolution needs some 700 B/s here, so the link is saturated for the whole
+real VictoriaMetrics. Full resolution needs some 900 B/s here, so the link is saturated for the whole
 run: the agent sends summaries, paced to what the link carries.
 
-One run of two and a half minutes serves the tests of this module (the link is what takes time, not the CPU):
+One run of three minutes serves the tests of this module (the link is what takes time, not the CPU):
 nothing time-scaled, every timer at its real value. bench/bench_weak_link.py runs the same path for 10
 minutes at five rates.
 """
@@ -33,8 +33,12 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
 victoria = victoria_fixture()
 
 RATE = 150.0  # bytes per second, each way
-RUN = 150.0  # seconds
-SETTLED = 90.0  # from here on, the agent has measured the link and sized its summaries (TCP's own timers too)
+RUN = 180.0  # seconds
+# From here on the agent has measured the link and sized its summaries. The first minute or two on a
+# fresh connection go to TCP itself: its first round trips ride the link's burst, so its retransmission
+# timer starts at under a second where a full frame takes ten, and it sends a few frames twice before
+# its timer has grown; the agent's figures of the link are low meanwhile (docs/forwarding.md, "Figures").
+SETTLED = 120.0
 BOUND = 45.0  # seconds: the oldest the cloud's newest sample may be once settled (issue 19)
 
 
@@ -136,7 +140,8 @@ def test_the_keepalive_survives_a_saturated_thin_uplink_without_a_reconnect_or_a
 
 
 def test_fresh_data_reaches_the_cloud_within_45_seconds_through_150_bytes_per_second(thin_link: Observed) -> None:
-    """Before: 30-77 s old between minutes 1 and 4 at 150 B/s."""
+    """Before: 30-77 s old between minutes 1 and 4 at 150 B/s (issue 19); 106-168 s in minutes 2 to 4 of
+    bench/bench_weak_link.py on this path."""
     settled = [(t, lag) for t, lag in thin_link.lags if t >= SETTLED]
     assert len(settled) >= 10, thin_link.lags
     worst = max(lag for _, lag in settled)

@@ -207,6 +207,7 @@ def gpus(seq: int, n: int = 8) -> Sample:
 def run_weak(adaptive: Adaptive, seconds: int) -> list[tuple[Sample, float]]:
     """Samples a second apart into a weak forwarder's adaptive part (the first batch of 10 starts the
     window); the fresh summaries it made, as (point, window seconds), taken as soon as each is made."""
+    adaptive.rate = adaptive.meter.capacity  # what earlier summaries measured, end to end
     first = [gpus(s) for s in range(1, 11)]
     assert adaptive.closed(first, [entry(1, 9000)], 10.0, connected=True)  # weak: the raw batch waits
     made = []
@@ -255,6 +256,20 @@ def test_on_a_link_too_thin_for_whole_summaries_counters_go_in_turns_and_alerts_
             assert ("temp_gpu:max", ()) in dev.values and ("xid_errors:last", ("79",)) in dev.values
     covered = {d.device.uuid for p in tail_points for d in p.devices if ("energy:last", ()) in d.values}
     assert covered == {f"GPU-{g}" for g in range(8)}  # every device's counters within k windows
+
+
+def test_until_summaries_have_measured_the_link_their_windows_stay_short_and_merges_pace_them() -> None:
+    """A lone packet's figure is unreliable on a fresh connection (a link's burst makes it high, TCP's first
+    retransmissions low): windows of one batch interval until a summary measured its own trip."""
+    meter = link_of(20.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    assert adaptive.closed([gpus(s) for s in range(1, 11)], [entry(1, 9000)], 10.0, connected=True)
+    assert adaptive.window_s == 10.0
+    adaptive.rate = 20.0
+    for seq in range(11, 60):
+        adaptive.add(gpus(seq))
+    assert adaptive.window_s > 10.0
 
 
 def test_a_fresh_summary_the_link_has_not_taken_is_merged_into_the_next() -> None:

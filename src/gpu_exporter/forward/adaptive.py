@@ -102,7 +102,9 @@ class Adaptive:
         self.meter.produced(sum(e.size for e in entries), span)
         if not connected and entries:
             self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
-        weak = connected and self.meter.weak()
+        # while summarising, what summaries measured end to end caps the link's figure: a lone packet after
+        # an idle moment rides the link's burst, and one such figure must not end summarising
+        weak = connected and self.meter.weak(self.rate if self.active else 0.0)
         if weak and entries:
             self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:
@@ -169,6 +171,8 @@ class Adaptive:
         budget = self._rate()
         if budget:
             plans = [self._plan(gauges + (full - gauges) / k, budget) for k in EVERY]
+            if not self.rate:  # nothing measured end to end yet: the shortest window, and merges pace it
+                plans = [(lag, self.interval) for lag, _ in plans]
             best = plans[-1][0]
             for k, (lag, span) in zip(EVERY, plans, strict=True):
                 if lag <= max(2 * self.interval, best + 0.2 * self.interval):
@@ -318,6 +322,14 @@ class Adaptive:
     def waiting(self) -> bool:
         """Whether a summary waits to be published."""
         return bool(self._fresh or self._pending is not None or self.queue)
+
+    def can_send(self, link: Link, topic: str) -> bool:
+        """Whether the next summary may go now (the pacing window has room for it): the forwarder polls
+        the network without waiting only then."""
+        if self._fresh or (self._pending is None and self.queue):
+            data = (self._fresh or self.queue)[0]
+            return not link.fits(topic, len(data)) or self.meter.room(link.packet_size(topic, len(data)))
+        return self._pending is not None and self.meter.room(self._pending[2] + _FRAMING)
 
     def send(self, link: Link, topic: str, room: int, now: float) -> bool:
         """Publish summaries while ``room`` (in-flight slots less what is in flight), the pacing window and

@@ -157,7 +157,7 @@ class LinkMeter:
         """PUBACKs stopped coming for what the window allowed: assume half the link (as TCP halves its
         window on a timeout) until it is measured again."""
         self.capacity /= 2
-        self._busy.clear()
+        self._busy = deque(((b, 2 * t) for b, t in self._busy), maxlen=_SPAN)  # what it rests on, halved too
         self.first_window = max(MIN_WINDOW, self.first_window // 2)
         self._export()
 
@@ -184,9 +184,10 @@ class LinkMeter:
         caps = [c for c in (self.capacity, self.max_rate) if c > 0]
         return min(caps) if caps else 0.0
 
-    def weak(self) -> bool:
-        """Whether full resolution does not fit what the link carries (or --mqtt.max-rate allows)."""
-        budget = self.budget()
+    def weak(self, cap: float = 0.0) -> bool:
+        """Whether full resolution does not fit what the link carries (or --mqtt.max-rate allows, or
+        ``cap`` bytes per second when given)."""
+        budget = min(self.budget(), cap) if cap and self.budget() else self.budget()
         return bool(budget and self.need > HEADROOM * budget)
 
     def _trusted(self) -> bool:
@@ -197,6 +198,11 @@ class LinkMeter:
         if self._trusted():
             return max(MIN_WINDOW, int(self.capacity * PACE * self.keepalive))
         return self.first_window
+
+    def packet_cap(self) -> int:
+        """The largest packet to send now: the window (a packet larger than what the link carries within the
+        keepalive would hold a PINGREQ back as long)."""
+        return self.window()
 
     def room(self, size: int) -> bool:
         """Whether a packet of ``size`` bytes may go now: within the window with what is in flight, or

@@ -437,6 +437,14 @@ class Link:
                 "--node-name or --mqtt.client-id?)",
             )
             return
+        if not getattr(flags, "is_disconnect_packet_from_server", True) and self.state == "up":
+            # paho calls a connection closed without a DISCONNECT "Unspecified error". Mosquitto before
+            # 2.0.15 closes an agent's connection so when another client connects with the same client id.
+            self._lost(
+                f"closed without a DISCONNECT (the network, a broker restart, or another client connecting "
+                f"with the client id {self.settings.client_id!r})"
+            )
+            return
         self._lost(reason.getName() if isinstance(reason, ReasonCode) else str(reason))
 
     def _lost(self, what: str) -> None:

@@ -41,7 +41,7 @@ from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
+from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget, publish_size
 from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.forward.summary import EVENT_COUNTERS
@@ -253,6 +253,10 @@ class Forwarder:
         self._down_since: float | None = clock()
         self._too_large_logged = False
         self._stalled = ""  # the broker stopped acknowledging what is in flight: why, until a PUBACK comes
+        # A spooled batch larger than what the link carries at once, cut in memory (the cut depends on the
+        # link of the moment; the batch stays in the spool, whole, until every part is acknowledged):
+        self._cutting: dict[str, deque[bytes]] = {}  # spool key -> parts not yet published
+        self._parts_out: dict[str, set[int]] = {}  # spool key -> message ids of parts awaiting their PUBACK
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
         self._pending: Config | None = None  # a reloaded configuration, taken at the next turn
 
@@ -349,6 +353,8 @@ class Forwarder:
         if settings is not None:
             self.link.close(status=None)
             self._inflight.clear()  # still in the spool: they go again on the new connection
+            self._cutting.clear()
+            self._parts_out.clear()
             self.adaptive.lost()
             self.spool.pinned.clear()
             self._live.clear()
@@ -368,7 +374,7 @@ class Forwarder:
         if now - self._housekept >= _HOUSEKEEPING:
             self._housekeeping(now)
         self._check_acks(now)
-        self.link.pace_cap = self.meter.window()
+        self.link.pace_cap = self.meter.packet_cap()
         self.link.step(timeout=0.0 if self._sendable() else _TURN)
         if self.link.up:
             self._send()
@@ -387,8 +393,10 @@ class Forwarder:
             deadline = self._clock() + 2.0
             if self.link.up:
                 self._send()  # the batch just closed, so that the last samples leave with us
-            while self.link.up and self._inflight and self._clock() < deadline:
+            while self.link.up and (self._inflight or self._cutting) and self._clock() < deadline:
                 self.link.step(timeout=0.05)
+                if self._cutting and self.link.up:
+                    self._send()  # the rest of a batch cut to what the link carries at once
             self.link.close(status=b"offline")
             self._housekeeping(self._clock())
         finally:
@@ -532,10 +540,21 @@ class Forwarder:
         if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
             return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
         if self.adaptive.waiting():
-            return True
+            return self.adaptive.can_send(self.link, self.topic)
         if self.adaptive.active:
             return False  # a raw batch goes on a weak link only as room allows: checked each turn
-        return bool(self._live) or (len(self.spool) > len(self._inflight) and self._tokens >= 1)
+        entry = self._live[0] if self._live else None
+        if entry is not None and entry.key in self._cutting:
+            parts = self._cutting[entry.key]
+            return not parts or self.meter.room(self.link.packet_size(self.topic, len(parts[0])))
+        if entry is None and len(self.spool) > len(self._inflight) and self._tokens >= 1:
+            entry = self._next_backlog(self.spool.pinned)
+        if entry is None:
+            return False
+        # a batch to cut is work to do now; one that fits waits for room in the pacing window
+        return not self.link.fits(self.topic, entry.size) or self.meter.room(
+            self.link.packet_size(self.topic, entry.size)
+        )
 
     def _send(self) -> None:
         now = self._clock()
@@ -562,6 +581,10 @@ class Forwarder:
                 entry = found
             else:
                 entry = self._live[0]
+                if entry.key in self._cutting:
+                    if not self._send_part(entry, now, until_next):
+                        break
+                    continue
                 if entry not in self.spool or entry.key in inflight:
                     self._live.popleft()
                     continue
@@ -582,8 +605,12 @@ class Forwarder:
             except PayloadError as exc:
                 self.spool.quarantine(entry, data, str(exc))
                 continue
-            if not self.link.fits(self.topic, len(data)):
+            if self.link.max_packet and not self._fits_broker(len(data)):
                 self._live.extendleft(reversed(self._resplit(entry, data)))  # the parts go next
+                continue
+            if not self.link.fits(self.topic, len(data)):
+                self._cut(entry, data)  # what the link carries at once: parts from memory, next
+                inflight.add(entry.key)
                 continue
             mid = self.link.publish(self.topic, data)
             if mid is None:
@@ -595,6 +622,56 @@ class Forwarder:
             self._inflight[mid] = entry
             self.meter.sent(mid, packet, now)
             inflight.add(entry.key)
+
+    def _fits_broker(self, payload: int) -> bool:
+        return publish_size(self.topic, payload, self.link.v5) <= self.link.max_packet
+
+    def _cut(self, entry: Entry, data: bytes) -> None:
+        """A spooled batch over what the link carries at once: cut in memory and sent part by part; it
+        leaves the spool when every part is acknowledged (a connection lost meanwhile: it goes again, cut
+        as the link of that moment requires; the bridge drops the parts it has by their names)."""
+        try:
+            batch = decode(data)
+        except PayloadError as exc:
+            self.spool.quarantine(entry, data, str(exc))
+            return
+        parts, unfit = split(batch, self._hard_limit(pace=True))
+        for sample, size in unfit:
+            self._too_large(sample, size, self._hard_limit(pace=True))
+        self._cutting[entry.key] = deque(d for _, d in parts)
+        self._parts_out[entry.key] = set()
+        if self._live and self._live[0] is entry:
+            return
+        self._live.appendleft(entry)
+
+    def _send_part(self, entry: Entry, now: float, until_next: float) -> bool:
+        """Publish the next part of a batch cut in memory; False when it must wait."""
+        parts = self._cutting[entry.key]
+        if not parts:  # nothing left to publish (every part was left out as too large)
+            del self._cutting[entry.key]
+            self._live.popleft()
+            if not self._parts_out.get(entry.key):
+                self._parts_out.pop(entry.key, None)
+                self.spool.pinned.discard(entry.key)
+                self.spool.remove(entry)
+            return True
+        data = parts[0]
+        packet = self.link.packet_size(self.topic, len(data))
+        if not self.adaptive.raw_allowed(len(data), now, until_next) or not self.meter.room(packet):
+            return False
+        mid = self.link.publish(self.topic, data)
+        if mid is None:
+            if self.link.refused_publish != "queue full":
+                self.metrics.publish_errors.inc()
+            return False
+        parts.popleft()
+        self._parts_out[entry.key].add(mid)
+        self._inflight[mid] = entry
+        self.meter.sent(mid, packet, now)
+        if not parts:
+            del self._cutting[entry.key]
+            self._live.popleft()
+        return True
 
     def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
         """A spooled batch over what may be published now (the broker's Maximum Packet Size, or what the
@@ -677,6 +754,18 @@ class Forwarder:
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return  # the status message, or a batch of a connection already given up
+        out = self._parts_out.get(entry.key)
+        if out is not None:  # a part of a batch cut in memory
+            out.discard(mid)
+            if ok and (out or entry.key in self._cutting):
+                return  # more parts to come
+            self._parts_out.pop(entry.key, None)
+            if not ok:  # the batch goes again, whole, after the pause below
+                for other in out:  # the acknowledgements of its other parts no longer count
+                    self._inflight.pop(other, None)
+                self._cutting.pop(entry.key, None)
+                if self._live and self._live[0] is entry:
+                    self._live.popleft()
         self.spool.pinned.discard(entry.key)
         if not ok:
             self.metrics.publish_errors.inc()
@@ -729,6 +818,8 @@ class Forwarder:
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
+        self._cutting.clear()
+        self._parts_out.clear()
         self.adaptive.lost()
         self.spool.pinned.clear()
         self._live.clear()
