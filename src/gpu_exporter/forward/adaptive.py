@@ -6,18 +6,17 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
 - ``closed``: a batch was closed and spooled. While the link is weak (``LinkMeter.weak``) the batch waits
   in the spool's backlog instead of going ahead as a fresh batch, and the samples go into a summary
   window instead (the first weak batch's samples start it).
-- ``add``: while weak, each sample joins the open window, which closes as soon as it spans
-  ``window_s`` seconds (at sample granularity, not batch intervals). The window is as long as the link
-  requires: the last summary's size over ``SHARE`` of the link's capacity, at least one batch interval.
-  The cloud's lag is then about one window plus one summary's time on the link, so the summary is kept
-  small where that buys freshness: on a link too thin to bring a whole summary within two batch
+- ``add``: while weak, each sample joins the open window, which closes at the first sample at which it
+  spans a batch interval and the link has taken the previous summary (its last part acknowledged). On
+  a link that takes T seconds for a summary, windows are max(interval, T) long and the cloud's lag about
+  that plus T: the least the link allows, and no estimate of the link's rate decides it. The summary is
+  kept small where that buys freshness: on a link too thin to bring a whole summary within two batch
   intervals, each device's counters (exact at any two points: energy, NVLink and PCIe bytes...) travel
   every ``every``-th window only, devices in turn, while gauges and the counters an alert waits for go
   in every window. ``every`` is the least that brings the lag near what dropping counters altogether
-  would.
+  would, from what summaries measured of the link end to end.
 - ``send``: the fresh summary first, cut to what the link carries at once (forward/split.py), then the
-  summaries of a backlog. A fresh summary the link has not taken yet when the next window closes is
-  merged into it: the window widens by itself, and nothing queues behind a link that fell behind.
+  summaries of a backlog.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
   carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, and
   neighbouring points merge into wider windows until all of them take the link at most
@@ -45,12 +44,10 @@ from gpu_exporter.forward.spool import Entry
 from gpu_exporter.forward.summary import Window, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
-__all__ = ["COARSE_SECONDS", "EVERY", "MAX_BACKLOG", "MAX_WINDOW", "SHARE", "Adaptive"]
+__all__ = ["COARSE_SECONDS", "EVERY", "MAX_BACKLOG", "Adaptive"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
-SHARE = 0.95  # of what summaries travel at, the share they take (the rest: PINGREQs, raw batches)
-MAX_WINDOW = 86400.0  # seconds: the longest summary window
 EVERY = (1, 2, 4, 8, 16)  # counters every this many windows
 MAX_BACKLOG = 4096  # spooled batches summarised on reconnect
 _POINTS = 64  # summary points per backlog summary batch
@@ -76,7 +73,7 @@ class Adaptive:
         self.interval = interval  # --mqtt.batch-interval
         self.boot = boot
         self.meter = meter
-        self.window_s = interval  # what the open window spans before it closes
+        self.window_s = interval  # what the last fresh summary spanned
         self.every = 1  # each device's counters go in every this many windows (EVERY)
         self.queue: deque[bytes] = deque()  # backlog summary payloads, after the fresh summary
         self._fresh: deque[bytes] = deque()  # the fresh summary on its way, in parts
@@ -86,7 +83,6 @@ class Adaptive:
         self._start = 0.0  # timestamp the open window starts at (the previous window's last sample)
         self._windows = 0  # windows closed while weak (the counter rotation)
         self.emitted = 0  # fresh summaries made (for tests and the log)
-        self.merged = 0  # fresh summaries merged into the next one, the link not having taken them yet
         self.active = False  # summarising: full resolution does not fit
         self.rate = 0.0  # bytes per second fresh summaries travel at, end to end (0: not measured yet)
         self._delivery: list[Any] | None = None  # the fresh summary on its way: [start, bytes, mids, idle]
@@ -132,11 +128,14 @@ class Adaptive:
         self._due()
 
     def _due(self) -> None:
+        """Close the open window when it spans a batch interval and the link has taken the previous
+        summary: on a link that carries a summary in T seconds, windows of max(interval, T) and a lag of
+        about that plus T, the least the link allows, whatever anyone estimated of its rate."""
         window = self._window
         if window is None or window.last is None:
             return
         span = window.last.timestamp - self._start
-        if span < self.window_s:
+        if span < self.interval or self._pending is not None or self._fresh or self._delivery is not None:
             return
         self._windows += 1
         k, turn = self.every, self._windows
@@ -148,43 +147,29 @@ class Adaptive:
         size = self._size(window)
         self._window, self._start = None, window.last.timestamp
         self.emitted += 1
-        if self._pending is not None:  # the link has not taken the previous one: one wider window instead
-            merged, span = merge([self._pending[:2], (point, span)])
-            point = merged
-            self.merged += 1
+        self.window_s = span
+        self._show()
         self._pending = (point, span, size)
-        log.debug(
-            "summary of %.1fs (%d bytes, counters of every %d): next window %.1fs at %.0f B/s, %d merged so far",
-            span,
-            size,
-            k,
-            self.window_s,
-            self._rate(),
-            self.merged,
-        )
+        log.debug("summary of %.1fs (%d bytes, counters of every %d) at %.0f B/s", span, size, k, self._rate())
 
     def _size(self, window: Window) -> int:
-        """Measure a summary of ``window`` with and without counters, and size the next windows and the
-        counters' turn from it; the size of what this window sends."""
-        full = len(encode_summary(self.node, self.boot, [window.point()], self.window_s))
-        gauges = len(encode_summary(self.node, self.boot, [window.point(lambda p, d: False)], self.window_s))
+        """Measure a summary of ``window`` with and without counters, and choose the counters' turn from it
+        (the least that brings the lag near what leaving counters out altogether would); the size of what
+        this window sends."""
+        full = len(encode_summary(self.node, self.boot, [window.point()], self.interval))
+        gauges = len(encode_summary(self.node, self.boot, [window.point(lambda p, d: False)], self.interval))
         budget = self._rate()
         if budget:
-            plans = [self._plan(gauges + (full - gauges) / k, budget) for k in EVERY]
-            if not self.rate:  # nothing measured end to end yet: the shortest window, and merges pace it
-                plans = [(lag, self.interval) for lag, _ in plans]
-            best = plans[-1][0]
-            for k, (lag, span) in zip(EVERY, plans, strict=True):
-                if lag <= max(2 * self.interval, best + 0.2 * self.interval):
+            lags = [self._lag(gauges + (full - gauges) / k, budget) for k in EVERY]
+            for k, lag in zip(EVERY, lags, strict=True):
+                if lag <= max(2 * self.interval, lags[-1] + 0.2 * self.interval):
                     if k != self.every:
                         log.info(
-                            "link carries %.0f B/s: summaries every %.0fs, each device's counters in every %s",
+                            "link carries %.0f B/s: each device's counters in every %s",
                             budget,
-                            span,
                             "window" if k == 1 else f"{k}th window",
                         )
-                    self.every, self.window_s = k, span
-                    self._show()
+                    self.every = k
                     break
         return round(gauges + (full - gauges) / self.every)
 
@@ -196,15 +181,15 @@ class Adaptive:
         rate = self.rate or self.meter.budget()
         return min(rate, self.meter.max_rate) if self.meter.max_rate and rate else rate
 
-    def _plan(self, payload: float, budget: float) -> tuple[float, float]:
-        """(lag, window) for fresh summaries of ``payload`` bytes on a link of ``budget`` bytes/s: one
-        window plus the summary's time on the link, cut in parts of the pacing window if larger."""
+    def _lag(self, payload: float, budget: float) -> float:
+        """The cloud's lag with fresh summaries of ``payload`` bytes on a link of ``budget`` bytes/s: one
+        window (a batch interval, or the time the link takes a summary when longer) plus that time, parts
+        included when the pacing window cuts it."""
         size = payload + _FRAMING
         cap = self.meter.window()
         if size > cap:
             size += _PART * (math.ceil(size / cap) - 1)
-        span = min(MAX_WINDOW, max(self.interval, size / (SHARE * budget)))
-        return span + size / budget, span
+        return max(self.interval, size / budget) + size / budget
 
     def _remember(self, entries: list[Entry], data: bytes | None) -> None:
         self._made[entries[0].key] = data
@@ -231,7 +216,7 @@ class Adaptive:
         is held back, and a batch interval is the wait assumed."""
         if not self.active:
             return math.inf
-        due = self._start + self.window_s - now
+        due = self._start + self.interval - now
         return due if due > 0 else self.interval
 
     # ------------------------------------------------------------------------------------ backlog
@@ -338,7 +323,7 @@ class Adaptive:
             if not self._fresh and self._pending is not None:
                 point, span, size = self._pending
                 if not self.meter.room(size + _FRAMING):
-                    return False  # not on the link yet: the next window may still merge into it
+                    return False  # it waits for room in the pacing window
                 self._pending = None
                 self._fresh.extend(
                     self._cut(Batch(self.node, self.boot, (point,), max(1, round(span * 1000))), link, topic)

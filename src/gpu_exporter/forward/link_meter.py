@@ -101,7 +101,7 @@ class LinkMeter:
             )
             self.summary_window = Gauge(
                 p + "summary_window_seconds",
-                "Length of the fresh summaries' windows while summarising (0 when not): as long as the link requires.",
+                "Length of the last fresh summary's window while summarising (0 when not): as long as the link requires.",
                 registry=registry,
             )
             self._export()
