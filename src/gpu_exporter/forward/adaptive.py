@@ -37,7 +37,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
-from gpu_exporter.forward.link_meter import LinkMeter
+from gpu_exporter.forward.link_meter import LEAVE, LinkMeter
 from gpu_exporter.forward.mqtt import Link, payload_budget
 from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Entry
@@ -98,9 +98,10 @@ class Adaptive:
         self.meter.produced(sum(e.size for e in entries), span)
         if not connected and entries:
             self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
-        # while summarising, what summaries measured end to end caps the link's figure: a lone packet after
-        # an idle moment rides the link's burst, and one such figure must not end summarising
-        weak = connected and self.meter.weak(self.rate if self.active else 0.0)
+        # While summarising, what summaries measured end to end caps the link's figure (a lone packet after
+        # an idle moment rides the link's burst), and full resolution must fit with room to spare: one
+        # optimistic figure must not end summarising on a link that cannot carry full resolution.
+        weak = connected and (self.meter.weak(self.rate, LEAVE) if self.active else self.meter.weak())
         if weak and entries:
             self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:

@@ -35,11 +35,12 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
-__all__ = ["FIRST_WINDOW", "HEADROOM", "MIN_WINDOW", "PACE", "TRUSTED", "LinkMeter"]
+__all__ = ["FIRST_WINDOW", "HEADROOM", "LEAVE", "MIN_WINDOW", "PACE", "TRUSTED", "LinkMeter"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
 HEADROOM = 0.9  # full resolution must fit in this share of the capacity
+LEAVE = 0.7  # ... and in this share to end summarising once it started (hysteresis)
 PACE = 0.7  # what may be unacknowledged: what the link carries in this share of the keepalive
 FIRST_WINDOW = 1024  # bytes unacknowledged before the link was measured (10 s of a 100 B/s link)
 TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it sizes the window
@@ -184,11 +185,11 @@ class LinkMeter:
         caps = [c for c in (self.capacity, self.max_rate) if c > 0]
         return min(caps) if caps else 0.0
 
-    def weak(self, cap: float = 0.0) -> bool:
+    def weak(self, cap: float = 0.0, headroom: float = HEADROOM) -> bool:
         """Whether full resolution does not fit what the link carries (or --mqtt.max-rate allows, or
-        ``cap`` bytes per second when given)."""
+        ``cap`` bytes per second when given) with ``headroom`` to spare."""
         budget = min(self.budget(), cap) if cap and self.budget() else self.budget()
-        return bool(budget and self.need > HEADROOM * budget)
+        return bool(budget and self.need > headroom * budget)
 
     def _trusted(self) -> bool:
         return sum(t for _, t in self._busy) >= TRUSTED * self.keepalive
