@@ -160,7 +160,9 @@ class Adaptive:
         full = len(encode_summary(self.node, self.boot, [window.point()], self.interval))
         gauges = len(encode_summary(self.node, self.boot, [window.point(lambda p, d: False)], self.interval))
         budget = self._rate()
-        if budget:
+        if not self.rate:  # not measured end to end yet: the leanest summary until the link is known
+            self.every = EVERY[-1]
+        elif budget:
             lags = [self._lag(gauges + (full - gauges) / k, budget) for k in EVERY]
             for k, lag in zip(EVERY, lags, strict=True):
                 if lag <= max(2 * self.interval, lags[-1] + 0.2 * self.interval):
