@@ -176,8 +176,8 @@ MUTANTS = (
     Mutant(
         "summary-max-is-last",
         "src/gpu_exporter/forward/summary.py",
-        '            out[(f"{key}:max", labels)] = high\n',
-        '            out[(f"{key}:max", labels)] = vs[-1]\n',
+        '                out[(f"{key}:max", labels)] = st.high\n',
+        '                out[(f"{key}:max", labels)] = st.last\n',
         ("tests/test_forward_summary.py",),
         "a summary's max is the window's last value: a spike inside the window is lost",
     ),
@@ -192,7 +192,7 @@ MUTANTS = (
     Mutant(
         "adaptive-raw-ahead-of-summaries",
         "src/gpu_exporter/forward/adaptive.py",
-        "        return not self.active or self.meter.seconds_for(size) <= until_next\n",
+        "        return bool(rate) and (self.meter.inflight_bytes() + size) / rate <= 0.8 * until_next\n",
         "        return True\n",
         ("tests/test_forward_summary.py",),
         "on a weak link full-resolution batches fill the link and the next summary waits behind them",
@@ -200,8 +200,8 @@ MUTANTS = (
     Mutant(
         "bridge-summary-as-raw-replay",
         "src/gpu_exporter/bridge/service.py",
-        '    return batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
-        "    return batch.boot\n",
+        '    stream = batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
+        "    stream = batch.boot\n",
         ("tests/test_bridge_summaries.py",),
         "summaries share the raw samples' replay memory: the full resolution that follows them is dropped",
     ),
