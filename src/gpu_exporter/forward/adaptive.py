@@ -98,10 +98,10 @@ class Adaptive:
         self.meter.produced(sum(e.size for e in entries), span)
         if not connected and entries:
             self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
-        # While summarising, what summaries measured end to end caps the link's figure (a lone packet after
-        # an idle moment rides the link's burst), and full resolution must fit with room to spare: one
-        # optimistic figure must not end summarising on a link that cannot carry full resolution.
-        weak = connected and (self.meter.weak(self.rate, LEAVE) if self.active else self.meter.weak())
+        # While summarising, full resolution must fit with room to spare to end it: one optimistic figure
+        # (a lone packet after an idle moment rides the link's burst) must not flip a link that cannot
+        # carry full resolution back to it.
+        weak = connected and (self.meter.weak(headroom=LEAVE) if self.active else self.meter.weak())
         if weak and entries:
             self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:
