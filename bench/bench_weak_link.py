@@ -40,10 +40,16 @@ from tests.weak_link_rig import Rig  # noqa: E402
 
 
 def run_rate(
-    rate: float, minutes: float, poll: float, tsdb: VictoriaMetricsServer, work: Path, out: dict[float, str]
+    rate: float,
+    minutes: float,
+    poll: float,
+    tsdb: VictoriaMetricsServer,
+    work: Path,
+    out: dict[float, str],
+    extra: tuple[str, ...] = (),
 ) -> None:
     name = f"b{os.getpid() % 1000}r{rate:.0f}"
-    rig = Rig(name, rate, work / name, tsdb)
+    rig = Rig(name, rate, work / name, tsdb, agent_extra=extra)
     rows: list[tuple[float, float, float]] = []  # (seconds since start, lag_all, lag_any)
     rig.start()
     assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
@@ -56,6 +62,8 @@ def run_rate(
             except OSError:
                 lag_all = lag_any = math.nan
             rows.append((now - rig.started, lag_all, lag_any))
+            with open(work / name / "lag.tsv", "a") as readings:  # every reading, kept with --keep
+                readings.write(f"{now - rig.started:.1f}\t{lag_all:.1f}\t{lag_any:.1f}\n")
             time.sleep(max(0.0, poll - (time.monotonic() - now)))
         metrics = rig.agent.metrics()
         cpu = _cpu(rig.agent.proc.pid if rig.agent.proc else 0) - cpu0
@@ -132,6 +140,8 @@ def main() -> int:
     parser.add_argument("--minutes", type=float, default=10.0, help="real-time length of each run (%(default)s)")
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between TSDB reads (%(default)s)")
     parser.add_argument("--parallel", action="store_true", help="run every rate at once")
+    parser.add_argument("--keep", type=Path, help="keep the logs and every lag reading in this directory")
+    parser.add_argument("--agent-arg", action="append", default=[], help="one more exporter option (repeatable)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop runs the clean-up: processes, namespaces
     why = netns_unavailable()
@@ -146,14 +156,17 @@ def main() -> int:
         f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())} ({os.cpu_count()} CPUs)\n", flush=True
     )
     out: dict[float, str] = {}
+    extra = tuple(args.agent_arg)
     with tempfile.TemporaryDirectory(prefix="bench-weak-") as tmp:
-        work = Path(tmp)
+        work = Path(tmp) if args.keep is None else args.keep
+        work.mkdir(parents=True, exist_ok=True)
         tsdb = VictoriaMetricsServer(work / "vm")
         tsdb.start()
         try:
             if args.parallel:
                 threads = [
-                    threading.Thread(target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out)) for r in rates
+                    threading.Thread(target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra))
+                    for r in rates
                 ]
                 for t in threads:
                     t.start()
@@ -161,7 +174,7 @@ def main() -> int:
                     t.join()
             else:
                 for r in rates:
-                    run_rate(r, args.minutes, args.poll, tsdb, work, out)
+                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra)
                     print(out[r], flush=True)
         finally:
             tsdb.stop()

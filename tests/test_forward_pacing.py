@@ -8,8 +8,8 @@ import socket
 
 import pytest
 
-from gpu_exporter.forward.link_meter import FIRST_WINDOW, MIN_WINDOW, PACE, LinkMeter
-from gpu_exporter.forward.mqtt import _Guard
+from gpu_exporter.forward.link_meter import FIRST_WINDOW, MIN_WINDOW, OPEN, PACE, LinkMeter
+from gpu_exporter.forward.mqtt import Link, LinkSettings, _Guard
 
 
 def test_nothing_unacknowledged_passes_what_the_link_carries_in_a_share_of_the_keepalive() -> None:
@@ -40,6 +40,66 @@ def test_a_burst_after_an_idle_link_does_not_size_the_window() -> None:
     meter.acked(2, 21.5)  # the rest of the truth: 100 B/s
     assert meter.window() == pytest.approx(int(meter.capacity * PACE * 30))
     assert meter.window() < 4000
+
+
+def test_what_is_in_flight_stays_within_tcps_retransmission_timeout() -> None:
+    """Early on a connection TCP's timer rests on round trips of tiny packets (the handshake, a burst):
+    data that takes the link longer than that timer is sent twice by TCP, and on a thin link a spurious
+    retransmission of a full segment costs ten seconds. The window never holds more than the link carries
+    within TCP's timeout, whatever the keepalive allows."""
+    meter = LinkMeter(None, keepalive=30)
+    meter.sent(1, 3000, 0.0)
+    meter.acked(1, 20.0)  # 150 B/s, measured
+    assert meter.window() == int(150 * PACE * 30)  # TCP's timer unknown: the keepalive's share
+    meter.tcp_rto = 5.0  # a young connection: TCP would resend after 5 s
+    assert meter.window() == 750
+    meter.tcp_rto = 0.2
+    assert meter.window() == MIN_WINDOW  # never below the least window
+    meter.tcp_rto = 60.0  # a seasoned connection: the keepalive's share again
+    assert meter.window() == int(150 * PACE * 30)
+
+
+def test_one_packet_at_a_time_until_the_link_is_measured_or_proved_fast() -> None:
+    """A packet that rode a thin link's burst comes back at once; two packets written behind it take
+    the link 10-20 s, far past TCP's young timer. So until the link is measured, one packet at a time."""
+    meter = LinkMeter(None, keepalive=30)
+    meter.sent(1, 800, 0.0)
+    meter.acked(1, 0.03)  # the burst: it says nothing of the link's rate
+    meter.sent(2, 800, 0.1)
+    assert not meter.room(800) and not meter.room(1)  # the window would allow it; the start does not
+    meter.acked(2, 4.5)  # 4.4 s for 800 bytes
+    assert meter.room(1000)  # alone again
+    meter.sent(3, 800, 4.5)
+    meter.acked(3, 8.9)  # 8.8 s of busy time: measured
+    meter.sent(4, 800, 8.9)
+    assert meter.room(800)  # the measured window holds more than one packet
+    fast = LinkMeter(None, keepalive=30)
+    mid, now = 0, 0.0
+    while fast.first_window < OPEN:  # a fast link: each PUBACK back in milliseconds
+        mid += 1
+        fast.sent(mid, fast.window(), now)
+        assert not fast.room(1)
+        now += 0.005
+        fast.acked(mid, now)
+    assert mid <= 5  # a few round trips
+    fast.sent(mid + 1, 1000, now)
+    assert fast.room(1000)
+
+
+def test_the_link_reads_tcps_retransmission_timeout_from_its_socket() -> None:
+    server = socket.create_server(("127.0.0.1", 0))
+    client = socket.create_connection(server.getsockname())
+    peer, _ = server.accept()
+    try:
+        settings = LinkSettings("127.0.0.1", 1, None, "5", "t", "", "", 30, 1.0, 16)
+        link = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None)
+        assert link.tcp_rto() == 0.0  # not connected
+        link._guard = _Guard(client, 1024)
+        link.state = "up"
+        assert 0.2 <= link.tcp_rto() <= 3.0  # Linux: at least 200 ms, 1 s before any round trip
+    finally:
+        for sock in (client, peer, server):
+            sock.close()
 
 
 def test_a_fast_link_opens_the_window_in_a_few_round_trips() -> None:

@@ -331,3 +331,26 @@ def test_batches_closed_during_an_outage_are_summarised_on_reconnect_without_rea
     peaks = [s.devices[0].values.get(("temp_gpu:max", ())) for s in batch.samples]
     assert peaks == [None, 95.0, None, None]  # windows that held still send their last value only
     assert [s.seq for s in batch.samples] == [10, 20, 30, 40]
+
+
+def test_no_raw_batch_goes_ahead_of_a_summary_that_is_due() -> None:
+    """On a link slower than a summary per batch interval, each window is past its end by the time the
+    link has taken the previous summary: the next one is due with the next sample. A raw batch sent in
+    that moment would hold it back (8 s a time at 150 B/s, the cloud's lag that much longer)."""
+    meter = link_of(150.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    adaptive.rate = 150.0
+    first = [gpus(s) for s in range(1, 11)]
+    assert adaptive.closed(first, [entry(1, 9000)], 10.0, connected=True)
+    adaptive.add(gpus(11))
+    assert adaptive._pending is not None  # the first window closed
+    adaptive._pending, adaptive._delivery = None, [T0 + 11, 2500, {7}, True]  # on the link for 17 s
+    for seq in range(12, 29):
+        adaptive.add(gpus(seq))
+    assert adaptive._pending is None  # past its end, waiting for the link
+    now = T0 + 28.5
+    assert adaptive.next_due(now) == 0.0
+    assert not adaptive.raw_allowed(500, now, adaptive.next_due(now))  # 3 s of the link: not now
+    assert adaptive.next_due(T0 + 60) == 10.0  # no sample for a batch interval: sampling paused
+    assert adaptive.raw_allowed(500, T0 + 60, adaptive.next_due(T0 + 60))

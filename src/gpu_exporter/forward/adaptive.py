@@ -7,7 +7,8 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
   in the spool's backlog instead of going ahead as a fresh batch, and the samples go into a summary
   window instead (the first weak batch's samples start it).
 - ``add``: while weak, each sample joins the open window, which closes at the first sample at which it
-  spans a batch interval and the link has taken the previous summary (its last part acknowledged). On
+  spans a batch interval, the link has taken the previous summary (its last part acknowledged) and the
+  pacing window has room for it (a raw batch still on the link: the summary would only wait). On
   a link that takes T seconds for a summary, windows are max(interval, T) long and the cloud's lag about
   that plus T: the least the link allows, and no estimate of the link's rate decides it. The summary is
   kept small where that buys freshness: on a link too thin to bring a whole summary within two batch
@@ -86,6 +87,7 @@ class Adaptive:
         self.active = False  # summarising: full resolution does not fit
         self.rate = 0.0  # bytes per second fresh summaries travel at, end to end (0: not measured yet)
         self._delivery: list[Any] | None = None  # the fresh summary on its way: [start, bytes, mids, idle]
+        self._last_size = 0  # bytes of the last fresh summary (what the next one needs room for)
         # spool key -> summary of that batch made when it was closed (None: summarised already)
         self._made: OrderedDict[str, bytes | None] = OrderedDict()
 
@@ -138,6 +140,8 @@ class Adaptive:
         span = window.last.timestamp - self._start
         if span < self.interval or self._pending is not None or self._fresh or self._delivery is not None:
             return
+        if not self.meter.room(self._last_size + _FRAMING):
+            return  # a raw batch is still on the link: the window takes the samples until it can go
         self._windows += 1
         k, turn = self.every, self._windows
 
@@ -151,6 +155,7 @@ class Adaptive:
         self.window_s = span
         self._show()
         self._pending = (point, span, size)
+        self._last_size = size
         log.debug("summary of %.1fs (%d bytes, counters of every %d) at %.0f B/s", span, size, k, self._rate())
 
     def _size(self, window: Window) -> int:
@@ -215,12 +220,17 @@ class Adaptive:
 
     def next_due(self, now: float) -> float:
         """Seconds until the open window closes (wall clock ``now``); a long time when not summarising. A
-        window past its end closes with the next sample: when none comes (sampling paused), nothing fresh
-        is held back, and a batch interval is the wait assumed."""
+        window past its end closes with the next sample (or as soon as the link has taken the previous
+        summary): nothing may go ahead of it, 0. When no sample came for a batch interval (sampling
+        paused), nothing fresh is held back, and a batch interval is the wait assumed."""
         if not self.active:
             return math.inf
         due = self._start + self.interval - now
-        return due if due > 0 else self.interval
+        if due > 0:
+            return due
+        window = self._window
+        last = window.last.timestamp if window is not None and window.last is not None else self._start
+        return 0.0 if now - last < self.interval else self.interval
 
     # ------------------------------------------------------------------------------------ backlog
 

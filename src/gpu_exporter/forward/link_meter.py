@@ -12,14 +12,21 @@ little more than the latency says only that the link has room: it measures no ca
 **Pacing.** Everything the agent writes waits in its socket and on the link until the link has carried
 it, and a PINGREQ written behind it waits as long: on a thin link a few kilobytes are minutes. So what is
 unacknowledged never exceeds what the link carries in ``PACE`` of the keepalive (``window()``), and no
-packet is larger than that: the keepalive's PINGRESP comes back in time on a saturated uplink, and a
-PUBACK that is much later than that means the broker is not acknowledging (forward/service.py). The
+packet is larger than that (``packet_cap()``): the keepalive's PINGRESP comes back in time on a saturated
+uplink, and a PUBACK that is much later than that means the broker is not acknowledging
+(forward/service.py). Nor, beyond one packet, more than the link carries within TCP's own retransmission
+timeout (read from the socket, ``TCP_INFO``): early on a connection that timer rests on round trips of
+tiny packets (the handshake, a burst) and is far shorter than a thin link takes for a segment, and data
+behind it would be sent twice by TCP, each full segment costing the link ten seconds at 150 B/s. The
 capacity decides only once ``TRUSTED`` of the keepalive's worth of busy time stands behind it: a link's
 burst (a token bucket, a radio's scheduler) lets the first packets after an idle time through far faster
 than the link's rate, and one such packet would size the window for a link many times faster. Until
 then the window starts at ``FIRST_WINDOW`` bytes and doubles with each PUBACK that came back in a
 quarter of the time the window allows (a fast link opens it in a few round trips, as TCP's slow start
-does); a PUBACK timeout, or a connection lost with packets in flight, halves it.
+does); a PUBACK timeout, or a connection lost with packets in flight, halves it. Until the window is
+trusted or has opened to ``OPEN`` (a fast link), one packet at a time: a packet that rode a thin link's
+burst comes back at once and says nothing of the link, and two written behind it would take the link
+far past TCP's young timer.
 
 **Need.** What full resolution needs is the payload bytes of the latest raw batches closed over the time
 they cover (a short batch, closed early by a reconnect or an event, weighs little). Full resolution fits
@@ -35,7 +42,7 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
-__all__ = ["FIRST_WINDOW", "HEADROOM", "LEAVE", "MIN_WINDOW", "PACE", "TRUSTED", "LinkMeter"]
+__all__ = ["FIRST_WINDOW", "HEADROOM", "LEAVE", "MIN_WINDOW", "OPEN", "PACE", "TRUSTED", "LinkMeter"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
@@ -45,6 +52,7 @@ PACE = 0.7  # what may be unacknowledged: what the link carries in this share of
 FIRST_WINDOW = 1024  # bytes unacknowledged before the link was measured (10 s of a 100 B/s link)
 TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it sizes the window
 MIN_WINDOW = 512  # the least the window shrinks to after PUBACK timeouts
+OPEN = 16 * 1024  # an unmeasured window this large (opened by quick PUBACKs: a fast link) takes more than one packet
 _SPAN = 4  # acknowledgements the capacity is measured over
 _ALPHA = 0.3  # weight of the newest round trip in the smoothed round-trip time
 
@@ -59,6 +67,7 @@ class LinkMeter:
         self.rtt = 0.0  # seconds from publish to PUBACK, 0 until measured
         self.acks = 0  # PUBACKs seen
         self.first_window = FIRST_WINDOW  # the window until measured; halved by each PUBACK timeout
+        self.tcp_rto = 0.0  # TCP's retransmission timeout on the connection, seconds (0: not known)
         self._busy: deque[tuple[int, float]] = deque(maxlen=_SPAN)  # (bytes, busy seconds) of the latest acks
         self._produced: deque[tuple[int, float]] = deque(maxlen=8)  # (bytes, seconds) of the latest batches
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
@@ -195,20 +204,28 @@ class LinkMeter:
         return sum(t for _, t in self._busy) >= TRUSTED * self.keepalive
 
     def window(self) -> int:
-        """Bytes that may be unacknowledged at once, and the largest packet (see the module doc)."""
+        """Bytes that may be unacknowledged at once (see the module doc)."""
+        window = self.packet_cap()
+        if self._trusted() and self.tcp_rto:  # nor more than TCP's timer allows: no spurious retransmissions
+            window = min(window, max(MIN_WINDOW, int(self.capacity * self.tcp_rto)))
+        return window
+
+    def packet_cap(self) -> int:
+        """The largest packet to send now: what the link carries in ``PACE`` of the keepalive (a larger
+        packet would hold a PINGREQ back as long). TCP's timer does not cut packets: a packet goes alone
+        when it is over the window, and cutting it would only add each part's headers."""
         if self._trusted():
             return max(MIN_WINDOW, int(self.capacity * PACE * self.keepalive))
         return self.first_window
 
-    def packet_cap(self) -> int:
-        """The largest packet to send now: the window (a packet larger than what the link carries within the
-        keepalive would hold a PINGREQ back as long)."""
-        return self.window()
-
     def room(self, size: int) -> bool:
         """Whether a packet of ``size`` bytes may go now: within the window with what is in flight, or
         alone (the forwarder cuts packets to the window: only one made before the window shrank is larger)."""
-        return not self._sent or self._inflight + size <= self.window()
+        if not self._sent:
+            return True
+        if not self._trusted() and self.first_window < OPEN:
+            return False  # one packet at a time until the link is measured or proved fast (module doc)
+        return self._inflight + size <= self.window()
 
     def inflight_bytes(self) -> int:
         return self._inflight

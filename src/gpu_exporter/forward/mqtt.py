@@ -152,6 +152,11 @@ def read_password_bytes(path: str) -> bytes:
         return handle.readline().rstrip(b"\r\n")
 
 
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then tcpi_rto in microseconds
+_TCPI_RTO = 8
+_TCP_INFO_LEN = 104
+
+
 class Link:
     """Connect, publish, read acknowledgements; all from the caller's thread, never blocking long."""
 
@@ -233,6 +238,18 @@ class Link:
         """Batches that may be in flight now: our window within the broker's Receive Maximum, less the
         status message while its PUBACK is due (it has a slot of its own in paho's window)."""
         return max(0, min(self.settings.window, self.receive_max - (self._status_mid is not None)))
+
+    def tcp_rto(self) -> float:
+        """TCP's retransmission timeout on the connection now, in seconds (Linux ``TCP_INFO``); 0 when not
+        known. The link meter keeps what is in flight within it (forward/link_meter.py, "Pacing")."""
+        guard = self._guard
+        if guard is None or self.state != "up" or not hasattr(socket, "TCP_INFO"):
+            return 0.0
+        try:
+            info = guard.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, ValueError):
+            return 0.0
+        return struct.unpack_from("=I", info, _TCPI_RTO)[0] / 1e6 if len(info) >= _TCPI_RTO + 4 else 0.0
 
     def packet_limit(self) -> int:
         """The largest PUBLISH to send now: the broker's Maximum Packet Size, within what the link carries

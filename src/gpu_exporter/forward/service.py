@@ -374,6 +374,7 @@ class Forwarder:
         if now - self._housekept >= _HOUSEKEEPING:
             self._housekeeping(now)
         self._check_acks(now)
+        self.meter.tcp_rto = self.link.tcp_rto()
         self.link.pace_cap = self.meter.packet_cap()
         self.link.step(timeout=0.0 if self._sendable() else _TURN)
         if self.link.up:
