@@ -737,6 +737,7 @@ class Forwarder:
             f"broker at {self.link.settings.host}:{self.link.settings.port} acknowledged none of {count} "
             f"batch(es) in flight for {waited:.0f}s (no PUBACK)"
         )
+        self.metrics.working.set(0)  # at once, as /readyz says it (housekeeping sets it each second)
         self.link.abort("timeout", f"{self._stalled}; reconnecting, the batches stay in the spool and go again")
 
     def _next_backlog(self, exclude: set[str]) -> Entry | None:
@@ -750,6 +751,8 @@ class Forwarder:
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         self.meter.acked(mid, self._clock(), self.link.status_rtt)
         self._stalled = ""  # the broker answers
+        if self.link.up:  # the link measured too thin before a batch closed: summaries from now on
+            self.adaptive.measured(self._open.samples, time.time())
         if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
