@@ -193,6 +193,11 @@ class NvmlBackend:
     def healthy(self) -> bool:
         return self._opened and any(d.live.up for d in self._devices)
 
+    @property
+    def slow_calls(self) -> SlowCalls:
+        """The calls measured slow and started early (for tests, the bench and tools/validate_nvml.py)."""
+        return self._slow
+
     # -- calls -----------------------------------------------------------------------------------
 
     def _call(
@@ -210,7 +215,7 @@ class NvmlBackend:
         slow = self._slow
         if not self._reading or slow.budget is None:
             return self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
-        early = slow.take(scope, f"{named}:{variant}", args, kwargs) if slow.pending else None
+        early = slow.take(scope, f"{named}:{variant}", args, kwargs, device.handle) if slow.pending else None
         started = time.perf_counter()
         answered = False
         try:
@@ -223,7 +228,7 @@ class NvmlBackend:
         finally:
             seconds = time.perf_counter() - started
             if seconds > slow.budget or (not answered and slow.remembered):
-                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, seconds, answered)
+                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, device.handle, seconds, answered)
 
     def _scalar(
         self,
@@ -237,7 +242,8 @@ class NvmlBackend:
     ) -> None:
         """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
         the value is filled in at the end of the cycle, so the calls after it are not held up."""
-        if self._reading and self._slow.pending and self._slow.running(device.scope, f"{name}:{variant}", args):
+        slow = self._slow
+        if self._reading and slow.pending and slow.running(device.scope, f"{name}:{variant}", args, device.handle):
             self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
             return
         raw = self._call(device, name, *args, variant=variant)
