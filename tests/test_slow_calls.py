@@ -167,3 +167,24 @@ def test_a_call_slow_in_one_cycle_only_stays_in_line() -> None:
         assert sim.call_threads[PCIE] == {MAIN}
     finally:
         backend.close()
+
+
+def test_a_gpu_back_after_a_reset_is_read_early_again_through_its_new_handle() -> None:
+    """Its remembered calls held the old handle, which a reset made invalid: they must not be reused."""
+    sim = SimNvml(gpus=2, clock=lambda: 1_700_000_000.0, call_cost=COST)
+    backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=BUDGET, retry_initial=0.0)
+    backend.open()
+    try:
+        expected = pcie(measure(backend))
+        sim.lose(1)
+        assert [s.up for s in backend.read()] == [True, False]
+        sim.recover(1)  # new handles; the old ones are an invalid argument now
+        for _ in range(3):  # back, then measured slow twice again
+            samples = backend.read()
+        sim.call_threads.clear()
+        samples = backend.read()
+        assert [s.up for s in samples] == [True, True]
+        assert pcie(samples) == expected
+        assert MAIN not in sim.call_threads[PCIE]
+    finally:
+        backend.close()

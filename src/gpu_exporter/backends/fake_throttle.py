@@ -30,7 +30,7 @@ class ThrottleSim:
     start: float
     gpus: int
     _lock: threading.Lock
-    _enter: Callable[..., None]
+    _enter: Callable[..., Any]
 
     def _init_throttle(self, throttle: Mapping[int, float] | None, call_cost: Mapping[str, float] | None) -> None:
         self.throttle: dict[int, float] = dict(DEFAULT_THROTTLE if throttle is None else throttle)
@@ -58,12 +58,12 @@ class ThrottleSim:
         return base + (now - since) * self.throttle.get(policy, 0.0) * 1e9
 
     def nvmlDeviceGetViolationStatus(self, h: Any, policy: int) -> SimpleNamespace:
-        self._enter("nvmlDeviceGetViolationStatus", h)
-        if getattr(h, "mig", None) is not None:
+        where = self._enter("nvmlDeviceGetViolationStatus", h)
+        if where.mig is not None:
             raise pynvml.NVMLError_NotSupported()
         if policy not in self.throttle:
             raise pynvml.NVMLError_NotSupported()
         now = self.clock()
         with self._lock:
-            ns = self._violation_ns(h.index, policy, now)
+            ns = self._violation_ns(where.index, policy, now)
         return SimpleNamespace(referenceTime=int(now * 1e6), violationTime=int(ns))
