@@ -1,12 +1,15 @@
 """Slow NVML calls leave the serial path: measured slow twice, then started on workers as cycles begin.
 
-Mechanism only (no timed assertions): which thread made each simulated call, and that the values and
-the error handling are those of the serial path. bench/bench_cycle.py measures the cycle times.
+Mechanism first: which thread made each call, and that the values and the error handling are those
+of the serial path; over SimNvml, and once through the real nvidia-ml-py over the C library, whose
+device handles are ctypes pointers (unhashable) and whose calls release the GIL. bench/bench_cycle.py
+measures the cycle times.
 """
 
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pynvml
 
@@ -14,6 +17,8 @@ from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
+
+from .fakes.nvml_lib import Scenario, run_real
 
 PCIE = "nvmlDeviceGetPcieThroughput"
 COST = {PCIE: 0.05}  # far above the budget below, whatever the machine's load
@@ -188,3 +193,43 @@ def test_a_gpu_back_after_a_reset_is_read_early_again_through_its_new_handle() -
         assert MAIN not in sim.call_threads[PCIE]
     finally:
         backend.close()
+
+
+def test_through_the_real_pynvml_slow_calls_leave_the_cycle(tmp_path: Path) -> None:
+    """8 GPUs whose PCIe throughput calls block 20 ms in the C library: 320 ms a cycle in line.
+
+    From the third cycle every such call starts on a worker as the cycle begins, before the reading
+    thread reaches the last GPU, and the cycle takes less than half the serial time (a generous bound:
+    about a tenth is usual). Before pynvml's handles were left out of the call's key, nothing was ever
+    remembered and every cycle stayed at the serial cost.
+    """
+    gpus, cost = 8, 0.020
+    log = tmp_path / "calls.log"
+    result = run_real(
+        [Scenario(gpus=gpus, cost_ms={PCIE: int(cost * 1000)}, cycles=4, disabled=("xid",))], tmp_path, log
+    )[0]
+    calls = [line.split() for line in log.read_text().splitlines()]
+    cycles, reader = result["cycles"], result["thread"]
+
+    def during(cycle: int, name: str | None = None) -> list[tuple[int, int, int]]:
+        """(GPU, thread, start) of the calls that started during a cycle."""
+        began, ended, _ = cycles[cycle]
+        return [
+            (int(gpu), int(tid), int(start))
+            for call, gpu, tid, start, *_ in calls
+            if began <= int(start) <= ended and (name is None or call == name)
+        ]
+
+    for cycle in (0, 1):  # measured in line, on the reading thread
+        inline = during(cycle, PCIE)
+        assert len(inline) == 2 * gpus and {tid for _, tid, _ in inline} == {reader}
+    early = during(3, PCIE)
+    assert len(early) == 2 * gpus
+    assert reader not in {tid for _, tid, _ in early}
+    reaches_last_gpu = min(start for gpu, tid, start in during(3) if gpu == gpus - 1 and tid == reader)
+    assert max(start for _, _, start in early) < reaches_last_gpu
+    assert result["started_early"] == 2 * 2 * gpus  # cycles 3 and 4
+    for sample in result["samples"]:
+        assert {"pcie_tx", "pcie_rx"} <= {key for key, _, _ in sample["values"]}
+    began, ended, _ = cycles[3]
+    assert (ended - began) / 1e9 < 2 * gpus * cost / 2
