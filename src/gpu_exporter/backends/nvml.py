@@ -194,6 +194,11 @@ class NvmlBackend:
         return self._opened and any(d.live.up for d in self._devices)
 
     @property
+    def xid_events_running(self) -> bool:
+        """Whether XID events are being waited for (tools/validate_nvml.py)."""
+        return self._xid.running
+
+    @property
     def slow_calls(self) -> SlowCalls:
         """The calls measured slow and started early (for tests, the bench and tools/validate_nvml.py)."""
         return self._slow

@@ -46,6 +46,11 @@ class XidEvents:
         self._thread = threading.Thread(target=self._loop, args=(list(handles),), name="nvml-xid", daemon=True)
         self._thread.start()
 
+    @property
+    def running(self) -> bool:
+        """Whether the thread waiting on the driver's events is alive."""
+        return self._thread is not None and self._thread.is_alive()
+
     def stop(self) -> None:
         self._stop.set()
         if self._thread is not None:
