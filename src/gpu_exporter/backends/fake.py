@@ -89,7 +89,7 @@ class SimNvml(ThrottleSim):
         self.remapped_rows: dict[int, tuple[int, int, int, int]] = {}  # GPU -> (corr, unc, pending, failure)
         self._events: queue.Queue[Any] = queue.Queue()
         self._lock = threading.Lock()
-        # the memory device handles point into: what a handle is follows from its address
+        # what a handle names follows from the address it holds
         self._memory: list[Any] = []  # what device handles point into; kept, so no address is reused
         self._base: dict[int, int] = {}  # GPU -> the address its current handles start at
         self._at: dict[int, _Where] = {}  # address -> the device a handle holding it names

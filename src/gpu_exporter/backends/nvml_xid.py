@@ -25,8 +25,8 @@ def handle_address(handle: Any) -> int | None:
     to themselves, but NVML keeps one address per device while it runs.
     """
     try:
-        return ctypes.cast(handle, ctypes.c_void_p).value
-    except ctypes.ArgumentError:
+        return ctypes.addressof(handle.contents)
+    except (AttributeError, TypeError, ValueError):  # not a pointer; NULL
         return None
 
 
