@@ -8,13 +8,16 @@ measures the cycle times.
 
 from __future__ import annotations
 
+import logging
 import threading
 from pathlib import Path
 
 import pynvml
+import pytest
 
 from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.nvml_slow import SlowCalls
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 
@@ -233,3 +236,19 @@ def test_through_the_real_pynvml_slow_calls_leave_the_cycle(tmp_path: Path) -> N
         assert {"pcie_tx", "pcie_rx"} <= {key for key, _, _ in sample["values"]}
     began, ended, _ = cycles[3]
     assert (ended - began) / 1e9 < 2 * gpus * cost / 2
+
+
+def test_a_slow_call_whose_arguments_cannot_be_keyed_stays_in_line_and_says_so(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    slow = SlowCalls(BUDGET)
+    handle = pynvml.c_nvmlDevice_t()  # left out of the key, as every device handle is
+    with caplog.at_level(logging.INFO, logger="gpu_exporter.backends.nvml"):
+        for _ in range(3):
+            slow.observe("0", "nvmlDeviceGetThing:", print, (handle, bytearray(b"x")), {}, handle, 1.0, True)
+            slow.observe("0", "nvmlDeviceGetOther:", print, (handle, 1), {}, handle, 1.0, True)
+            slow.end()
+    assert [name for _, name, *_ in slow.slow()] == ["nvmlDeviceGetOther:"]
+    assert [r.getMessage() for r in caplog.records] == [
+        "nvmlDeviceGetThing is slow but its arguments cannot be told apart; it stays in line"
+    ]

@@ -112,7 +112,7 @@ class SlowCalls:
         except TypeError:
             if name not in self._unkeyed:
                 self._unkeyed.add(name)
-                log.info("%s is slow but its arguments cannot be told apart; it stays in line", name)
+                log.info("%s is slow but its arguments cannot be told apart; it stays in line", name.rstrip(":"))
             return None
         return key
 
