@@ -67,7 +67,7 @@ def main() -> int:
         return 2
     backend = NvmlBackend(Config(), xid_wait_ms=200)
     backend.open()
-    lines = [f"# NVML validation, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC", ""]
+    lines = [f"# NVML validation, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", ""]
     failures = 0
     try:
         backend.read()  # primes GPM
