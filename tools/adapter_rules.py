@@ -64,7 +64,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise ValueError("not a YAML mapping")
         merged = merge(config, our_rules(Path(args.values)))
     except (OSError, yaml.YAMLError, ValueError, KeyError, TypeError) as exc:
-        print(f"adapter_rules: {args.config}: {exc}", file=sys.stderr)
+        reason = " ".join(str(exc).split())  # a YAML error spans several lines: one is enough
+        print(f"adapter_rules: {args.config}: {reason}", file=sys.stderr)
         return 2
     sys.stdout.write(yaml.safe_dump(merged, sort_keys=False, width=1000))
     return 0
