@@ -240,3 +240,23 @@ def test_an_unknown_log_format_is_one_line_and_exit_2() -> None:
     assert result.stderr.strip().splitlines() == [
         "gpu-exporter: flag --log.format: invalid choice 'xml' (choose from logfmt, json, text)"
     ]
+
+
+def test_a_build_records_the_revision(tmp_path: Path) -> None:
+    """setup.py's build_py (what `pip install .` and `pip wheel .` run) writes _build.json from git."""
+    if not (ROOT / ".git").exists():
+        pytest.skip("not applicable here: not a git checkout")
+    result = subprocess.run(
+        [sys.executable, "setup.py", "-q", "build_py", f"--build-lib={tmp_path}"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=dict(child_env(), SOURCE_DATE_EPOCH="1747735200"),
+    )
+    assert result.returncode == 0, result.stderr
+    written = json.loads((tmp_path / "gpu_exporter" / "_build.json").read_text())
+    assert written == {"revision": _head(), "build_date": "2025-05-20T10:00:00Z"}
+    site = tmp_path
+    version = _version_of(site)
+    assert f"(revision: {_head()})" in version.stdout and "2025-05-20T10:00:00Z" in version.stdout
