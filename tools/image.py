@@ -154,14 +154,26 @@ class Engine:
         raise StepError("dockerd did not answer within 60 s")
 
     def stop(self) -> None:
-        if self.proc is None or self.proc.poll() is not None:
-            return
-        self.proc.terminate()
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self.unmount()
+
+    def unmount(self) -> None:
+        """What dockerd leaves mounted in its folders (the host network namespace's nsfs), deepest first,
+        so that the work folder can be removed."""
+        prefix = str(self.workdir) + "/"
         try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait(10)
+            with open("/proc/self/mounts", encoding="utf-8") as mounts:
+                points = [line.split()[1] for line in mounts if line.split()[1].startswith(prefix)]
+        except OSError:
+            return
+        for point in sorted(points, key=len, reverse=True):
+            subprocess.run(["umount", "-l", point], capture_output=True, check=False)
 
 
 def docker_client() -> str:
