@@ -242,7 +242,7 @@ def main() -> int:
     nv = import_pynvml()
     backend = NvmlBackend(Config(), nvml=nv, xid_wait_ms=200)
     backend.open()
-    lines = [f"# NVML validation, {datetime.datetime.now(datetime.UTC):%Y-%m-%d %H:%M} UTC", ""]
+    lines = [f"# NVML validation, {datetime.datetime.now(datetime.timezone.utc):%Y-%m-%d %H:%M} UTC", ""]
     failures = 0
     durations: list[float] = []
     try:

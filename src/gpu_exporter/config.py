@@ -47,7 +47,7 @@ class Config:
     node_name: str = ""
     config_file: str = ""
     log_level: str = "info"
-    log_format: str = "text"
+    log_format: str = "logfmt"
     metrics_include: str = ""
     metrics_exclude: str = ""
     disabled_collectors: frozenset[str] = frozenset()
@@ -420,7 +420,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
     Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
-    Option("log.format", "log_format", _choice("text", "json"), "log format", "FORMAT"),
+    Option(
+        "log.format",
+        "log_format",
+        _choice("logfmt", "json", "text"),
+        "log format: logfmt (ts=... level=... caller=... msg=...) or json; text is logfmt too",
+        "FORMAT",
+    ),
     Option(
         "metrics.include",
         "metrics_include",

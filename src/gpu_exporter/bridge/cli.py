@@ -14,14 +14,15 @@ import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
+from gpu_exporter.buildinfo import add_version_flag
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.service import BridgeSettings
@@ -62,7 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Every option can also be set as an environment variable ({cfg.ENV_PREFIX}<OPTION>, e.g. "
         f"{cfg.env_name('remote-write.url')}) or as a key in the --config.file YAML.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_flag(parser)
     parser.add_argument(
         "--config.file",
         dest="config.file",
@@ -186,6 +187,7 @@ def run(
     stop = stop or threading.Event()
     tune_gc()
     registry = CollectorRegistry(auto_describe=True)
+    selfmetrics.register(registry, "gpu_exporter_bridge_build_info", "bridge")  # and process_*
     try:
         bridge = Bridge(settings, registry)
     except (ValueError, OSError) as exc:
@@ -243,14 +245,25 @@ def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cf
     import gzip
 
     from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
+    from gpu_exporter.openmetrics import CONTENT_TYPE, accepts_openmetrics
     from gpu_exporter.web.server import Limits, ServerCollector, Site, WebServer
 
     def page(accept_gzip: bool) -> bytes:
         text = generate_latest(registry)
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
-    site = Site("/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}")
+    def openmetrics_page(accept_gzip: bool) -> bytes:
+        text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+        return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
+
+    def negotiate(accept: str | None) -> tuple[Callable[[bool], bytes], str]:
+        return (openmetrics_page, CONTENT_TYPE) if accepts_openmetrics(accept) else (page, site.content_type)
+
+    site = Site(
+        "/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}", negotiate=negotiate
+    )
     limits = Limits(config.web_max_connections, config.web_read_timeout, config.web_idle_timeout)
     server = WebServer(listen, site, web, limits)
     registry.register(ServerCollector(lambda: server, prefix="gpu_exporter_bridge"))

@@ -118,7 +118,7 @@ def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:
         return type(exc) is sqlite3.DatabaseError
-    return (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+    return (code & 0xFF) in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (named in the sqlite3 module from 3.11)
 
 
 @dataclass(frozen=True, slots=True)

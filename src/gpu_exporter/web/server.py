@@ -56,6 +56,8 @@ class Site:
     ready: Callable[[], tuple[bool, str]]
     title: str = "gpu-exporter"
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    # Accept header -> (page, content type): another format for the clients that ask (OpenMetrics)
+    negotiate: Callable[[str | None], tuple[Callable[[bool], bytes], str]] | None = None
 
 
 def accepts_gzip(header: str | None) -> bool:
@@ -130,6 +132,10 @@ class _Handler(BaseHTTPRequestHandler):
             conn.deadline = time.monotonic() + self.server.limits.idle_timeout
             conn.waiting = True
 
+    def version_string(self) -> str:
+        """The Server header: the product only, no version of it or of Python."""
+        return "gpu-exporter"
+
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
         srv = self.server
@@ -145,8 +151,11 @@ class _Handler(BaseHTTPRequestHandler):
             return
         if path == site.telemetry_path:
             accept = accepts_gzip(self.headers.get("Accept-Encoding"))
-            body = site.page(accept)
-            headers = {"Content-Type": site.content_type, "Vary": "Accept-Encoding"}
+            page, content_type = site.page, site.content_type
+            if site.negotiate is not None:
+                page, content_type = site.negotiate(self.headers.get("Accept"))
+            body = page(accept)
+            headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
             if accept:
                 headers["Content-Encoding"] = "gzip"
             self._send(200, body, headers)
