@@ -43,6 +43,7 @@ from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, veri
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
 from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.forward.spool_metrics import SpoolCollector
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
@@ -231,6 +232,7 @@ class Forwarder:
         self.metrics.working.set(1)  # until a check says otherwise (see health)
         self._clock = clock
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
+        registry.register(SpoolCollector(self.spool))  # rows refused as not raw bytes, damaged WALs
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
         self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
         self.meter = LinkMeter(registry, config.mqtt_max_rate)
