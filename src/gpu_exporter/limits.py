@@ -53,8 +53,18 @@ _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 
 
 # the keys the backends give, kept first when a device has more than MAX_INFO_KEYS
-_PREFERRED = ("name", "serial", "uuid", "pci_bus_id", "device", "driver_version", "cuda_version", "vendor")
-_PREFERRED += ("vbios_version", "memory")
+_PREFERRED: tuple[str, ...] = (
+    "name",
+    "serial",
+    "uuid",
+    "pci_bus_id",
+    "device",
+    "driver_version",
+    "cuda_version",
+    "vendor",
+    "vbios_version",
+    "memory",
+)
 
 
 def _rank(key: str) -> tuple[int, str]:
