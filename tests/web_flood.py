@@ -174,10 +174,10 @@ def flood(
 
 def wrong_password_times(port: int, users: list[str], count: int) -> dict[str, list[float]]:
     """Seconds to a refusal for ``count`` requests of each user, each with a fresh wrong password, the
-    users taking turns (so that a change in the machine's load falls on all of them)."""
+    users taking turns in alternating order (so that a change in the machine's load falls on all alike)."""
     times: dict[str, list[float]] = {user: [] for user in users}
-    for _ in range(count):
-        for user in users:
+    for round_ in range(count):
+        for user in users if round_ % 2 == 0 else users[::-1]:
             code, seconds = request(port, user, secrets.token_hex(8))
             assert code == 401, code
             times[user].append(seconds)
