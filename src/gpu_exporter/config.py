@@ -882,7 +882,8 @@ def _check(config: Config) -> None:
             load_web_config(config.web_config_file)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
-    _check_topic_level("node-name", config.node_name)  # a label value and an MQTT topic level
+    if not config.mqtt_url:  # a label value only; with forwarding a topic level too (_check_forwarding)
+        _check_mqtt_string("node-name", config.node_name, MAX_NODE_NAME)
     _check_forwarding(config)
 
 
@@ -909,6 +910,7 @@ def _check_forwarding(config: Config) -> None:
         raise ConfigError("TLS files are set but --mqtt.url is not mqtts://")
     if config.mqtt_password_file and not config.mqtt_username:
         raise ConfigError("--mqtt.password-file needs --mqtt.username")
+    _check_topic_level("node-name", config.node_name)
     for level in config.mqtt_topic_prefix.split("/"):
         _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
     _check_identity(config)
