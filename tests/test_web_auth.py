@@ -268,3 +268,32 @@ def test_a_key_the_toolkit_does_not_know_is_one_line_and_exit_2(tmp_path: Path, 
 )
 def test_rate_limit_intervals_are_go_durations(text: Any, seconds: float) -> None:
     assert parse_go_duration(text) == pytest.approx(seconds)
+
+
+def test_a_check_that_outlasts_its_request_is_remembered_for_the_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A costly hash on a slow CPU: the request gives up waiting (429), the check runs on and its result
+    is kept, so the scraper's next request is a lookup instead of a check that never finishes in time."""
+    release = threading.Event()
+    real = bcrypt.checkpw
+
+    def slow(password: bytes, hashed: bytes) -> bool:
+        release.wait(10)
+        return bool(real(password, hashed))
+
+    monkeypatch.setattr(bcrypt, "checkpw", slow)
+    auth = BasicAuth({"prometheus": _hash(b"pw")})
+    try:
+        assert auth.check(_header("prometheus", "pw"), timeout=0.2) is Verdict.BUSY
+        release.set()
+        assert wait_until(lambda: auth.state.pool.checks == 1 and auth.state.pool.queued() == 0, 5)
+        assert wait_until(lambda: auth.state.recall(_key(auth, "prometheus", b"pw")) is True, 5)
+        assert auth.check(_header("prometheus", "pw"), timeout=0.2) is Verdict.OK
+        assert auth.state.pool.checks == 1  # the retry cost no bcrypt
+    finally:
+        release.set()
+        auth.state.pool.stop()
+
+
+def _key(auth: BasicAuth, user: str, password: bytes) -> bytes:
+    hashed = auth._users[user.encode()]
+    return auth.state.key(True, user.encode(), hashed, password)

@@ -155,7 +155,14 @@ class BasicAuth:
         recalled = self.state.recall(key)
         if recalled is not None:
             return Verdict.OK if recalled and known else Verdict.DENIED
-        job = self.state.pool.submit(self.state.ticket(key, suspect), lambda: _checkpw(password, target))
+        state = self.state
+
+        def run() -> bool:
+            ok = _checkpw(password, target)
+            state.remember(key, ok and known)  # also when the request gave up waiting: its retry is a lookup
+            return ok
+
+        job = state.pool.submit(state.ticket(key, suspect), run)
         if job is None:
             return Verdict.BUSY
         if queued is not None:
@@ -169,9 +176,7 @@ class BasicAuth:
             return Verdict.BUSY
         if outcome == "cancelled":
             return Verdict.GONE
-        ok = outcome is True and known
-        self.state.remember(key, ok)
-        return Verdict.OK if ok else Verdict.DENIED
+        return Verdict.OK if outcome is True and known else Verdict.DENIED
 
 
 def _checkpw(password: bytes, hashed: bytes) -> bool:
