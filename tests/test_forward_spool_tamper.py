@@ -110,6 +110,23 @@ def test_a_planted_pickled_key_and_pickled_journal_entry_never_run(tmp_path: Pat
         assert db.execute("SELECT count(*) FROM Cache WHERE raw = 0 OR mode = 4").fetchone() == (0,)
 
 
+@pytest.mark.parametrize("key", [b"q.raw-bytes-key", 12345, 1.5])
+def test_a_raw_key_that_is_not_text_is_moved_aside_and_counted_and_the_rest_still_opens(
+    tmp_path: Path, key: Any
+) -> None:
+    batches = _spool_with_batches(tmp_path / "spool")
+    _plant(tmp_path / "spool", key, 1, 1, b"value", None)
+    _plant(tmp_path / "spool", "j.b00t.000000000007", 1, 1, b"journaled sample", None)
+    drops = Drops()
+    spool = Spool(str(tmp_path / "spool"), 1 << 30, 1e9, on_drop=drops)
+    assert spool.open() == [("j.b00t.000000000007", b"journaled sample")]  # the rest of the spool opened
+    assert _read_all(spool) == batches
+    assert spool.rejected == {"key": 1} and drops.batches == {"corrupt": 1}
+    spool.close()
+    with sqlite3.connect(tmp_path / "spool" / "cache.db") as db:
+        assert db.execute("SELECT count(*) FROM Cache WHERE typeof(key) != 'text'").fetchone() == (0,)
+
+
 @pytest.mark.parametrize(
     ("mode", "value", "filename", "reason"),
     [

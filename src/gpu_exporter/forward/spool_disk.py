@@ -65,11 +65,19 @@ class SafeDisk(diskcache.Disk):  # type: ignore[misc]
 
     # keys
     def put(self, key: Any) -> tuple[Any, bool]:
-        if type(key) is ForeignKey:
+        """A key as the database holds it: the spool's are text; a raw key of another type found in the
+        database (bytes, a number) and a ``ForeignKey`` are given back as they were stored, so that
+        their rows can be deleted. Nothing is ever pickled."""
+        kind = type(key)
+        if kind is str:
+            return key, True
+        if kind is ForeignKey:
             return sqlite3.Binary(key.blob), False
-        if type(key) is not str:
-            raise TypeError(f"the spool's keys are str, not {type(key).__name__}")
-        return key, True
+        if kind is bytes:
+            return sqlite3.Binary(key), True
+        if kind is float or (kind is int and -(2**63) <= key < 2**63):
+            return key, True
+        raise TypeError(f"the spool's keys are str, not {kind.__name__}")
 
     def get(self, key: Any, raw: bool) -> Any:
         if not raw:
