@@ -888,6 +888,8 @@ def _check(config: Config) -> None:
             load_web_config(config.web_config_file)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    if not config.mqtt_url:  # a label value only; with forwarding a topic level too (_check_forwarding)
+        _check_mqtt_string("node-name", config.node_name, MAX_NODE_NAME)
     _check_forwarding(config)
 
 
@@ -917,13 +919,52 @@ def _check_forwarding(config: Config) -> None:
     _check_topic_level("node-name", config.node_name)
     for level in config.mqtt_topic_prefix.split("/"):
         _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
-    if len(f"{config.mqtt_topic_prefix}/{config.node_name}/status".encode()) > 65535:
-        raise ConfigError("--mqtt.topic-prefix: too long for an MQTT topic (65535 bytes with the node name)")
+    _check_identity(config)
     if config.mqtt_url.startswith("mqtts://"):
         tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
 
 
 MAX_NODE_NAME = 253  # bytes: a Kubernetes node name's limit, far within MQTT's 65535 for a whole topic
+# Identity bounds, in bytes of UTF-8 (docs/forwarding.md, "Identity"): MQTT allows 65535 for each, brokers
+# far less (a client id of 23 bytes is all the spec guarantees; AWS IoT and Azure IoT Hub take 128).
+MAX_CLIENT_ID = 256
+MAX_USERNAME = 1024  # Azure IoT Hub's user names ("HUB/DEVICE/?api-version=...") run to a few hundred
+MAX_TOPIC_PREFIX = 256
+MAX_PASSWORD = 65535  # MQTT's own limit for the password field: tokens (JWTs) can be long
+
+
+def _check_identity(config: Config) -> None:
+    """What the agent says about itself to the broker, bounded at start: one line and exit 2, never a
+    connection that fails every turn."""
+    if config.mqtt_client_id:
+        _check_mqtt_string("mqtt.client-id", config.mqtt_client_id, MAX_CLIENT_ID)
+    if config.mqtt_username:
+        _check_mqtt_string("mqtt.username", config.mqtt_username, MAX_USERNAME)
+    size = len(config.mqtt_topic_prefix.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOPIC_PREFIX:
+        raise ConfigError(f"--mqtt.topic-prefix: {size} bytes long, at most {MAX_TOPIC_PREFIX}")
+    if config.mqtt_password_file:
+        with open(config.mqtt_password_file, "rb") as handle:  # readable: checked above
+            line = handle.readline(MAX_PASSWORD + 2).rstrip(b"\r\n")
+        if len(line) > MAX_PASSWORD:
+            raise ConfigError(
+                f"--mqtt.password-file={config.mqtt_password_file}: its first line is over {MAX_PASSWORD} "
+                "bytes, MQTT's limit for a password"
+            )
+
+
+def _check_mqtt_string(flag: str, value: str, limit: int) -> None:
+    """An MQTT UTF-8 string field of at most ``limit`` bytes, without NUL or other control characters."""
+    bad = sorted({c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:3])
+        raise ConfigError(f"--{flag}: contains control characters ({shown})")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"--{flag}: not valid UTF-8") from None
+    if size > limit:
+        raise ConfigError(f"--{flag}: {size} bytes long, at most {limit}")
 
 
 def _check_topic_level(flag: str, level: str, whole: str = "") -> None:

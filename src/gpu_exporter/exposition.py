@@ -222,6 +222,7 @@ class AgentCollector:
         for backend in self.backends:
             healthy.add_metric([backend.name], 1 if backend.healthy() else 0)
         yield healthy
+        yield from s.bounds.collect()  # labels limited, values not finite, counters gone backwards
         yield GaugeMetricFamily("gpu_exporter_ring_samples", "Samples held in the ring buffer.", value=len(self.ring))
         yield GaugeMetricFamily(
             "gpu_exporter_ring_capacity", "Samples the ring buffer can hold.", value=self.ring.capacity
