@@ -16,6 +16,8 @@ from typing import Any
 
 import pytest
 
+from . import leftovers
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
@@ -55,6 +57,53 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.hookimpl(tryfirst=True)
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     _fail_hidden_skip(report)
+
+
+# --- No process outlives the suite (tests/leftovers.py, docs/testing.md) ---------------------------------
+_FIRST_SEEN: dict[int, str] = {}  # PID -> the test after which it was first seen running
+_GRACE = 3.0  # seconds a process signalled by the last test's teardown may take to exit
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    leftovers.become_subreaper()
+    for proc in leftovers.descendants():
+        _FIRST_SEEN.setdefault(proc.pid, "(before the first test)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    for proc in leftovers.descendants():
+        if proc.state != "Z":
+            _FIRST_SEEN.setdefault(proc.pid, item.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a process it started is still running, naming each and the test after
+    which it was first seen; then stop them all by PID, so that nothing leaks either way."""
+    left: list[leftovers.Proc] = []
+    deadline = time.monotonic() + _GRACE
+    while True:
+        found = leftovers.descendants()
+        leftovers.reap_zombies(found)
+        left = [p for p in found if p.state != "Z"]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if not left:
+        return
+    lines = [f"{len(left)} process(es) started by the tests outlived them (stopped now):"]
+    lines += [f"  {proc}  [first seen after {_FIRST_SEEN.get(proc.pid, 'the last test')}]" for proc in left]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        for line in lines:
+            reporter.write_line(line, red=True, bold=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    leftovers.stop_descendants()
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:
