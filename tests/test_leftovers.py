@@ -14,7 +14,7 @@ from pathlib import Path
 from . import leftovers
 from .conftest import ROOT, wait_for
 
-LEAKY = '''
+LEAKY = """
 import subprocess, sys
 
 def test_starts_and_stops():
@@ -28,16 +28,16 @@ def test_forgets_a_child():
 def test_starts_a_daemon():
     # the shell exits at once: its background child is an orphan, re-parented away from the shell
     subprocess.run(["sh", "-c", sys.executable + " -c 'import time; time.sleep(300)' TOKEN-daemon & exit 0"], check=True)
-'''
+"""
 
-TIDY = '''
+TIDY = """
 import subprocess, sys
 
 def test_starts_and_stops():
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "TOKEN-stopped"])
     proc.terminate()
     proc.wait(10)
-'''
+"""
 
 
 def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedProcess[str]:
