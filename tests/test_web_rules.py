@@ -30,7 +30,9 @@ def _page(gz: bool) -> bytes:
 def start(tmp_path: Path) -> Iterator[Start]:
     servers: list[WebServer] = []
 
-    def make(limits: Limits | None = None, users: dict[str, str] | None = None) -> WebServer:
+    def make(
+        limits: Limits | None = None, users: dict[str, str] | None = None, page: Callable[[bool], bytes] = _page
+    ) -> WebServer:
         web = None
         if users:
             lines = "".join(
@@ -39,7 +41,7 @@ def start(tmp_path: Path) -> Iterator[Start]:
             path = tmp_path / "web.yml"
             path.write_text("basic_auth_users:\n" + lines)
             web = load_web_config(str(path))
-        srv = WebServer("127.0.0.1:0", Site("/metrics", _page, lambda: (True, "ready")), web, limits)
+        srv = WebServer("127.0.0.1:0", Site("/metrics", page, lambda: (True, "ready")), web, limits)
         srv.start()
         servers.append(srv)
         return srv
@@ -98,6 +100,31 @@ def test_at_the_cap_the_connection_waiting_longest_makes_room_not_the_newest(sta
             conn.close()
 
 
+def test_clients_that_stop_reading_their_answer_lose_their_slots(start: Start) -> None:
+    """Two clients ask for a page far larger than the socket buffers and never read it: both slots are
+    busy answering (a newcomer gets 503), until the sweep closes them past the answer's deadline."""
+    big = b"#" * (32 << 20)
+    srv = start(Limits(max_connections=2, read_timeout=0.5, idle_timeout=1.0), page=lambda gz: big)
+    stuck = []
+    try:
+        for _ in range(2):
+            conn = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            conn.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+            conn.connect(("127.0.0.1", srv.port))
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n")  # ... and never read
+            stuck.append(conn)
+            conn.settimeout(20)
+            assert conn.recv(16, socket.MSG_PEEK).startswith(b"HTTP/1.1 200")  # its answer has begun
+        assert srv.connections() == 2
+        assert http_get(f"http://127.0.0.1:{srv.port}/healthz")[0] == 503  # both slots busy answering
+        # past read + idle timeout (1.5 s) the sweep closes them: the endpoint answers again
+        assert wait_for(lambda: http_get(f"http://127.0.0.1:{srv.port}/healthz")[0] == 200, 15)
+        assert srv.stats.timeouts >= 2
+    finally:
+        for conn in stuck:
+            conn.close()
+
+
 @pytest.mark.parametrize(
     ("header", "gzip_ok"),
     [
@@ -123,6 +150,14 @@ def test_gzip_refused_by_name_is_not_sent_whatever_the_wildcard_says(start: Star
 
 def _basic(user: str, password: str) -> dict[str, str]:
     return {"Authorization": "Basic " + base64.b64encode(f"{user}:{password}".encode()).decode()}
+
+
+@pytest.mark.parametrize("scheme", ["Basic", "basic", "BASIC"])
+def test_the_auth_scheme_is_case_insensitive(start: Start, scheme: str) -> None:
+    """RFC 9110 11.1: the scheme name is case-insensitive; some clients send it in lower case."""
+    srv = start(users={"prometheus": "s3cret"})
+    token = base64.b64encode(b"prometheus:s3cret").decode()
+    assert http_get(f"http://127.0.0.1:{srv.port}/metrics", {"Authorization": f"{scheme} {token}"})[0] == 200
 
 
 @pytest.mark.parametrize("password", ["pa:ss", ":leading", "trailing:", "a:b:c:d"])
