@@ -16,7 +16,10 @@ from typing import Any
 
 import pytest
 
-from . import leftovers
+try:
+    from . import leftovers
+except ImportError:  # a copy loaded outside the tests package (tests/test_ci_strict.py runs one)
+    import leftovers  # type: ignore[no-redef]
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
@@ -147,6 +150,36 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> bool:
     return bool(wait_until(predicate, timeout, step))
+
+
+def wait_progressing(
+    done: Callable[[], Any], progress: Callable[[], Any], stall: float, what: str, interval: float = 0.5
+) -> Any:
+    """Poll ``done`` until it returns something truthy (then return it), for as long as the work moves.
+
+    For work whose amount is fixed but whose speed is the machine's (a flood the bridge must decode):
+    on a loaded machine it takes longer, so there is no deadline; it fails when ``progress()`` (a
+    reading of the work, such as messages received and samples written) has not changed for ``stall``
+    seconds, which is a hang, not load. The test's own timeout stays the last guard."""
+
+    def reading(check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except OSError:  # an endpoint too busy to answer in time: not done, no progress seen
+            return None
+
+    last = reading(progress)
+    moved = time.monotonic()
+    while True:
+        value = reading(done)
+        if value:
+            return value
+        now = reading(progress)
+        if now is not None and now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(f"no progress for {stall:g}s waiting for {what} (still at {last!r})")
+        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:
