@@ -5,6 +5,7 @@ passes. Each case is a real pytest session in a subprocess, loading the suite's 
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import time
@@ -44,7 +45,8 @@ def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedPro
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(source.replace("TOKEN", token), encoding="utf-8")
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", str(test_file)]
-    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=120, check=False)
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the suite's conftest alone: a quick start
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
 
 
 def _ours(token: str) -> list[leftovers.Proc]:
