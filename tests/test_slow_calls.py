@@ -207,9 +207,9 @@ def test_a_gpu_back_after_a_reset_is_read_early_again_through_its_new_handle() -
 def test_through_the_real_pynvml_slow_calls_leave_the_cycle(tmp_path: Path) -> None:
     """8 GPUs whose PCIe throughput calls block 20 ms in the C library: 320 ms a cycle in line.
 
-    Cycles 1-2 make those calls in line, on the reading thread (measured slow twice). In cycles 3-4
+    Cycles 1-2 make those calls in line, on the reading thread (measured slow twice). In cycles 3-5
     every one of them is made on a worker and none on the reader, each started after its cycle began
-    and answered before it ended, and the cycle lasts less than half as long as the cycles in line
+    and answered before it ended, and the cycles last less than half as long as the cycles in line
     did (a generous bound: a tenth is usual). Before pynvml's handles were left out of the call's key,
     nothing was ever remembered and every call stayed in line.
 
@@ -217,14 +217,15 @@ def test_through_the_real_pynvml_slow_calls_leave_the_cycle(tmp_path: Path) -> N
     submitted as the cycle begins, and the cycle waits for their answers before it ends. When a worker
     then starts its call is the scheduler's choice (on a loaded machine, after the reader has read
     that GPU's other values), so no test may say it starts before any step of the reader; that the
-    calls overlap instead of following one another is what the cycle's time shows. Its bound is half
-    of the in-line cycles of the same run, which lasted at least 320 ms, so a load that slows both
-    keeps the ratio.
+    calls overlap instead of following one another is what the cycles' time shows. The shortest early
+    cycle is held to half the shortest in-line cycle of the same run (at least 320 ms), as a bench
+    compares best runs: a load that slows both keeps the ratio, and one worker woken 150 ms late (seen
+    with the machine's cores busy) lengthens one cycle, not all three.
     """
     gpus, cost = 8, 0.020
     log = tmp_path / "calls.log"
     result = run_real(
-        [Scenario(gpus=gpus, cost_ms={PCIE: int(cost * 1000)}, cycles=4, disabled=("xid",))], tmp_path, log
+        [Scenario(gpus=gpus, cost_ms={PCIE: int(cost * 1000)}, cycles=5, disabled=("xid",))], tmp_path, log
     )[0]
     lines = [line.split() for line in log.read_text().splitlines()]
     pcie_calls = [(int(tid), int(start), int(end)) for call, _, tid, start, end, *_ in lines if call == PCIE]
@@ -235,21 +236,20 @@ def test_through_the_real_pynvml_slow_calls_leave_the_cycle(tmp_path: Path) -> N
         began, ended, _ = cycles[cycle]
         return [call for call in pcie_calls if began <= call[1] <= ended]
 
-    assert len(pcie_calls) == 4 * 2 * gpus  # none started outside a cycle
+    assert len(pcie_calls) == 5 * 2 * gpus  # none started outside a cycle
     for cycle in (0, 1):  # measured in line, on the reading thread
         assert [tid for tid, _, _ in during(cycle)] == [reader] * 2 * gpus
-    for cycle in (2, 3):  # started early, on workers; answered within the cycle
+    for cycle in (2, 3, 4):  # started early, on workers; answered within the cycle
         early = during(cycle)
         assert len(early) == 2 * gpus
         assert reader not in {tid for tid, _, _ in early}
         assert max(end for _, _, end in early) <= cycles[cycle][1]
-    assert result["started_early"] >= 2 * 2 * gpus  # more if the load made another call slow twice
+    assert result["started_early"] >= 3 * 2 * gpus  # more if the load made another call slow twice
     for sample in result["samples"]:
         assert {"pcie_tx", "pcie_rx"} <= {key for key, _, _ in sample["values"]}
     in_line = min(ended - began for began, ended, _ in cycles[:2])
     assert in_line >= 2 * gpus * cost * 1e9
-    began, ended, _ = cycles[3]
-    assert ended - began < in_line / 2
+    assert min(ended - began for began, ended, _ in cycles[2:]) < in_line / 2
 
 
 def test_a_slow_call_whose_arguments_cannot_be_keyed_stays_in_line_and_says_so(
