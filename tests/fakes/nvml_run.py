@@ -1,6 +1,7 @@
 """Scenarios through the NVML backend: what it made of them, as data two runs can be compared by.
 
-``run(nv, scenario)`` opens an NvmlBackend over ``nv`` (pynvml, or a SimNvml), reads the scenario's
+``run(nv, scenario)`` opens an NvmlBackend over ``nv`` (pynvml, or a SimNvml, whose clock of call costs
+then times the calls: slow is what the scenario makes slow, whatever the load), reads the scenario's
 cycles and returns the last cycle's samples, the error counts, what was logged, and how the cycles
 went (their monotonic start and end and the process's CPU time, the thread that read them, the calls
 remembered as slow and how many were started early).
@@ -22,6 +23,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
@@ -61,6 +63,7 @@ def run(nv: Any, scenario: Scenario) -> dict[str, Any]:
         clock=clock,
         xid_wait_ms=20,
         slow_call_budget=scenario.budget,
+        slow_call_timer=nv.timer if isinstance(nv, SimNvml) else time.perf_counter,
     )
     logger = logging.getLogger("gpu_exporter")
     records, level = _Records(), logger.level

@@ -113,6 +113,7 @@ class NvmlBackend:
         clock: Callable[[], float] = time.monotonic,
         xid_wait_ms: int = 500,
         slow_call_budget: float | None = 0.005,
+        slow_call_timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._config = config
         self._nv: Any = nvml
@@ -127,7 +128,7 @@ class NvmlBackend:
         self._driver = ""
         self._cuda = ""
         self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
-        self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
+        self._slow = SlowCalls(slow_call_budget, slow_call_timer)  # budget None: every call in line
         self._reading = False  # only calls of the reading phase are timed
         self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
         self._health = HealthTracker()
@@ -221,7 +222,7 @@ class NvmlBackend:
         if not self._reading or slow.budget is None:
             return self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
         early = slow.take(scope, f"{named}:{variant}", args, kwargs, device.handle) if slow.pending else None
-        started = time.perf_counter()
+        started = slow.timer()
         answered = False
         try:
             if early is not None:
@@ -231,7 +232,7 @@ class NvmlBackend:
             answered = result is not None
             return result
         finally:
-            seconds = time.perf_counter() - started
+            seconds = slow.timer() - started
             if seconds > slow.budget or (not answered and slow.remembered):
                 slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, device.handle, seconds, answered)
 

@@ -21,6 +21,10 @@ Calls with side effects or arguments that change every cycle are never started e
 A call is known by its device's scope (the GPU index, "0/mig3" for a MIG instance), its name and its
 arguments with the device's handle left out, never by the handle: pynvml's handles are ctypes pointers,
 which cannot be hashed (and compare by object, not by address).
+
+Calls are timed with ``timer`` (``time.perf_counter`` in production). Tests over the simulated library
+pass its clock of call costs (``SimNvml.timer``), so what is slow is the scenario's choice, not the
+machine's load.
 """
 
 from __future__ import annotations
@@ -57,12 +61,14 @@ def _freeze(value: Any) -> Hashable:
     return value  # type: ignore[no-any-return]
 
 
-def _timed(took: list[float], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    started = time.perf_counter()
+def _timed(
+    took: list[float], timer: Callable[[], float], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    started = timer()
     try:
         return fn(*args, **kwargs)
     finally:
-        took.append(time.perf_counter() - started)
+        took.append(timer() - started)
 
 
 class SlowCalls:
@@ -70,11 +76,13 @@ class SlowCalls:
 
     A call is named by (scope, name) and told apart by its arguments, ``handle`` (the device's) left
     out; the arguments are frozen into a key only for names that have something remembered or started,
-    so timing every call costs little.
+    so timing every call costs little. ``timer`` gives the seconds calls are measured in, on the reading
+    thread and on the workers alike.
     """
 
-    def __init__(self, budget: float | None) -> None:
+    def __init__(self, budget: float | None, timer: Callable[[], float] = time.perf_counter) -> None:
         self.budget = budget
+        self.timer = timer
         self._slow: dict[Key, tuple[Hashable, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
         self._slow_names: set[tuple[Hashable, str]] = set()  # prefilter: may hold names since forgotten
         self._pending: dict[Key, Future[Any]] = {}
@@ -129,7 +137,7 @@ class SlowCalls:
             if up(scope):
                 took: list[float] = []
                 self._ran[key] = took
-                self._pending[key] = self._pool.submit(_timed, took, fn, args, kwargs)
+                self._pending[key] = self._pool.submit(_timed, took, self.timer, fn, args, kwargs)
                 self._pending_names.add((scope, str(key[1])))
                 self.started_early += 1
 
