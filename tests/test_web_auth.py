@@ -4,6 +4,7 @@ passwords, rate_limit, and every key the toolkit accepts (an unknown one refused
 from __future__ import annotations
 
 import base64
+import logging
 import secrets
 import ssl
 import subprocess
@@ -297,3 +298,27 @@ def test_a_check_that_outlasts_its_request_is_remembered_for_the_retry(monkeypat
 def _key(auth: BasicAuth, user: str, password: bytes) -> bytes:
     hashed = auth._users[user.encode()]
     return auth.state.key(True, user.encode(), hashed, password)
+
+
+def test_a_curve_this_python_cannot_set_gives_way_to_the_next_listed(
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+) -> None:
+    """Python 3.10's ssl cannot set X25519: the next listed group is offered, and a list of none fails in one line."""
+    real = ssl.SSLContext.set_ecdh_curve
+
+    def like_310(self: ssl.SSLContext, name: str) -> None:
+        if name == "X25519":
+            raise ssl.SSLError(1, "[EC: UNKNOWN_GROUP] unknown group")
+        real(self, name)
+
+    monkeypatch.setattr(ssl.SSLContext, "set_ecdh_curve", like_310)
+    tls = make_tls(tmp_path / "tls")
+    web = tmp_path / "web.yml"
+    base = f"tls_server_config:\n  cert_file: {tls['cert']}\n  key_file: {tls['key']}\n"
+    web.write_text(base + "  curve_preferences: [X25519, CurveP256]\n")
+    with caplog.at_level(logging.WARNING, logger="gpu_exporter.web.tls"):
+        assert load_web_config(str(web)).tls is not None
+    assert "CurveP256 offered instead of X25519" in caplog.text
+    web.write_text(base + "  curve_preferences: [X25519]\n")
+    with pytest.raises(ValueError, match="curve_preferences: none of them is available here: X25519"):
+        load_web_config(str(web))

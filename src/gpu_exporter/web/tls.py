@@ -16,8 +16,9 @@ Every key of the Prometheus exporter toolkit is taken, with its meaning:
   for TLS 1.2: the server then speaks TLS 1.3 only, which is what such a list does in Go.
 - ``prefer_server_cipher_suites`` (default true): the server's order wins.
 - ``curve_preferences`` (``CurveP256``, ``CurveP384``, ``CurveP521``, ``X25519``): Python's ``ssl`` sets one
-  key-exchange group, not a list, so the first one listed is the only one offered: never more than the
-  list allows, and a client that supports none of it cannot connect (Go's own clients offer all four).
+  key-exchange group, not a list, so the first one listed that this Python can set is the only one offered
+  (Python 3.10 cannot set X25519: the next listed is offered, with a warning): never more than the list
+  allows, and a client that supports none of it cannot connect (Go's own clients offer all four).
 """
 
 from __future__ import annotations
@@ -144,10 +145,7 @@ class TlsFiles:
         if self.prefer_server_ciphers:
             ctx.options |= ssl.OP_CIPHER_SERVER_PREFERENCE
         if self.curves:
-            try:
-                ctx.set_ecdh_curve(CURVES[self.curves[0]])
-            except (ValueError, ssl.SSLError) as exc:
-                raise ValueError(f"curve_preferences: {self.curves[0]} is not available: {exc}") from None
+            _set_curve(ctx, self.curves)
         return ctx
 
     def _load_chain(self, ctx: ssl.SSLContext) -> None:
@@ -237,9 +235,24 @@ class TlsState:
             return self._ctx
 
 
+def _set_curve(ctx: ssl.SSLContext, curves: tuple[str, ...]) -> str:
+    """Offer the first listed group this Python can set (3.10's ssl cannot set X25519); its name."""
+    refused: list[str] = []
+    for name in curves:
+        try:
+            ctx.set_ecdh_curve(CURVES[name])
+        except (ValueError, ssl.SSLError) as exc:
+            refused.append(f"{name} ({_why(exc)})")
+            continue
+        if refused:
+            log.warning("web TLS: curve_preferences: %s offered instead of %s", name, ", ".join(refused))
+        return name
+    raise ValueError(f"curve_preferences: none of them is available here: {', '.join(refused)}")
+
+
 def _why(exc: BaseException) -> str:
     if isinstance(exc, ssl.SSLError):
-        return exc.reason or str(exc)
+        return getattr(exc, "reason", None) or str(exc)
     if isinstance(exc, OSError) and exc.strerror:
         return exc.strerror
     return str(exc)
@@ -316,9 +329,6 @@ def parse_tls(section: Mapping[str, Any], base: str) -> TlsFiles:
         allowed_sans=tuple(sans or ()),
     )
     if files.curves[1:]:
-        log.info(
-            "web TLS: curve_preferences: only %s is offered (the first listed; Python's ssl sets one group)",
-            files.curves[0],
-        )
+        log.info("web TLS: curve_preferences: one group is offered, the first listed that Python's ssl can set")
     files.build()  # a certificate or key that does not load is a start-up error
     return files
