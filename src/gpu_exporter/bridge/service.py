@@ -73,6 +73,7 @@ class BridgeSettings:
     group: str = ""  # shared subscription group; empty: a plain subscription
     client_id: str = "gpu-exporter-bridge"
     session_expiry: float = 86400.0
+    keepalive: int = 30  # seconds
     receive_maximum: int = 200  # also the bridge's own bound on messages held unacknowledged
     max_inflight_bytes: int = 64 * 1024 * 1024
     max_packet_size: int = 0  # announced in CONNECT; 0: max_payload + PACKET_OVERHEAD
@@ -285,7 +286,9 @@ class Bridge:
         props.SessionExpiryInterval = int(self.settings.session_expiry)
         props.ReceiveMaximum = self.settings.receive_maximum
         props.MaximumPacketSize = max_packet_size(self.settings)
-        self._client.connect_async(self._host, self._port, keepalive=30, clean_start=False, properties=props)
+        self._client.connect_async(
+            self._host, self._port, keepalive=self.settings.keepalive, clean_start=False, properties=props
+        )
         self._client.loop_start()
         self._thread.start()
 
