@@ -25,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.parse
 from collections.abc import Callable
 from pathlib import Path
 
@@ -157,7 +158,8 @@ def label_flood(tmp: Path, bridge_args: list[str], keys: int, noise: bool = Fals
         for i, payload in enumerate(payloads):
             scene.pub.publish(f"gpu-exporter/edge-info-{i:02d}/batch", payload)
         wait_until(scene.drained(count), 300, "the label flood")
-        result = prom.query("gpu_info")["result"]
+        url = f"{prom.url}/api/v1/query?{urllib.parse.urlencode({'query': 'gpu_info'})}"
+        result = json.loads(http_get(url, 300))["data"]["result"]  # 5,000-label series take a while
         widest = max((len(r["metric"]) for r in result), default=0)
         longest = max((len(v) for r in result for v in r["metric"].values()), default=0)
         return (

@@ -25,7 +25,7 @@ from gpu_exporter.bridge import labels
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.limits import SeriesBudget
 from gpu_exporter.bridge.remote_write import Series, encode_labels
-from gpu_exporter.bridge.values import Counters, drop_nonfinite
+from gpu_exporter.bridge.values import Counters, Layout, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
@@ -101,6 +101,7 @@ class Converter:
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
         self.budget = budget or SeriesBudget(max_series_per_node, max_series)
+        self._last_layout: Layout | None = None
         self._reserved = frozenset(("__name__", node_label, *(f.name for f in dataclasses.fields(DeviceId))))
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
@@ -198,6 +199,7 @@ class Converter:
             if out.newest_ms is None or times[-1] > out.newest_ms:
                 out.newest_ms = max(times)
             metrics = tuple(batch.metrics)
+            layout = self._layout(metrics)
             for dev in batch.devices:
                 cache = self._device_cache(node, dev.device)
                 up = dev.up if keep is None else [dev.up[i] for i in keep]
@@ -226,7 +228,7 @@ class Converter:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                gaps = self._screen(batch, dev.columns, cache, dev.nonfinite, out)
+                gaps = self._screen(batch, layout, dev.columns, cache, dev.nonfinite, out)
                 gaps |= dev.gaps
                 plan = self._entries(node, dev.device, cache, metrics, dev.columns)
                 if plan.unknown:
@@ -282,6 +284,7 @@ class Converter:
     def _screen(
         self,
         batch: ColumnBatch,
+        layout: Layout,
         columns: list[list[float | None] | None],
         cache: _Device,
         nonfinite: bool,
@@ -290,16 +293,22 @@ class Converter:
         """The value policy (bridge/values.py) on one device's columns, in place; True when it made gaps."""
         dropped: dict[str, int] = {}
         gaps = drop_nonfinite(columns, dropped) if nonfinite else False
-        if not batch.summary_ms:  # a summary's "<counter>:last" is its own series, checked in its raw batch
+        # a summary's "<counter>:last" is its own series, checked in its raw batch
+        if layout.positions and not batch.summary_ms:
             counters = cache.counters
             if counters is None:
                 counters = cache.counters = Counters()
-            counters.plan(batch.metrics)
-            if counters.positions:
-                gaps |= counters.screen(batch.boot, batch.times_ms, columns, dropped)
+            counters.plan(layout)
+            gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped)
         for reason, count in dropped.items():
             _add(out.dropped, (batch.node, reason), count)
         return gaps
+
+    def _layout(self, metrics: tuple[SeriesKey, ...]) -> Layout:
+        """The counters' layout of a metrics list; the last one made is kept (batches repeat theirs)."""
+        if self._last_layout is None or self._last_layout.metrics != metrics:
+            self._last_layout = Layout(metrics)
+        return self._last_layout
 
     def _device_labels(
         self, node: str, device: DeviceId, info: dict[str, str], cache: _Device, out: Converted

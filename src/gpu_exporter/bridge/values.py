@@ -7,11 +7,12 @@ Policy (docs/bridge.md, "Values"), each dropped value counted by node and reason
   ``rate()`` over it.
 * A counter below zero is dropped (``negative_counter``).
 * Within one boot of a node's agent a counter never goes back: a value below the highest the bridge
-  saw of that series (in the same batch, or in an earlier batch with older samples) is dropped
-  (``counter_backwards``). A batch older than what the bridge already saw (a backlog sent after fresh
-  data) is only checked within itself. If a counter stays below its high mark for ``RESET_AFTER``
-  batches in a row, the bridge takes it as a reset of the device's counters within the boot (a GPU
-  reset or a driver reload clears NVML's) and writes from that batch on, from the new level.
+  saw of that series, earlier in the batch or in a batch of earlier samples, is dropped
+  (``counter_backwards``). Samples are ordered by sequence number (the agent's sampling order,
+  whatever its clock did or the bridge corrected), so a backlog sent after fresh data is only checked
+  within itself. If a counter stays below its high mark for ``RESET_AFTER`` batches in a row, the
+  bridge takes it as a reset of the device's counters within the boot (a GPU reset or a driver reload
+  clears NVML's) and writes from that batch on, from the new level.
 * A new boot starts every counter afresh: a reset across boots is what ``rate()`` expects.
 
 Cost: the payload decoder already knows which columns may hold a non-finite value (only plain-value and
@@ -25,12 +26,12 @@ import itertools
 import math
 import operator
 from array import array
-from collections.abc import Sequence
+from collections.abc import Callable
 
 from gpu_exporter import catalog
 from gpu_exporter.model import SeriesKey
 
-__all__ = ["RESET_AFTER", "Counters", "drop_nonfinite"]
+__all__ = ["RESET_AFTER", "Counters", "Layout", "drop_nonfinite"]
 
 RESET_AFTER = 3
 _COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
@@ -57,54 +58,106 @@ def drop_nonfinite(columns: list[Column | None], dropped: dict[str, int]) -> boo
     return found
 
 
+class Layout:
+    """Where a metrics list has its counters: computed once per batch, shared by its devices."""
+
+    __slots__ = ("keys", "metrics", "positions", "take")
+
+    def __init__(self, metrics: tuple[SeriesKey, ...]) -> None:
+        self.metrics = metrics
+        positions = [j for j, m in enumerate(metrics) if m[0] in _COUNTER_KEYS]
+        self.positions = positions
+        self.keys = tuple(metrics[j] for j in positions)
+        self.take: Callable[[list[Column | None]], tuple[Column | None, ...]]
+        if len(positions) == 1:
+            self.take = lambda columns: (columns[positions[0]],)
+        elif positions:
+            self.take = operator.itemgetter(*positions)
+        else:
+            self.take = lambda columns: ()
+
+
 class Counters:
     """The counter columns of one device's metrics list, and their high marks in the current boot."""
 
-    __slots__ = ("below", "boot", "keys", "marks", "newest_ms", "positions")
+    __slots__ = ("_take", "below", "boot", "keys", "layout", "marks", "newest_seq", "positions")
 
     def __init__(self) -> None:
         self.boot = ""
+        self.layout: Layout | None = None
         self.keys: tuple[SeriesKey, ...] = ()
         self.positions: list[int] = []
+        self._take: Callable[[list[Column | None]], tuple[Column | None, ...]] = lambda columns: ()
         self.marks = array("d")
-        self.newest_ms = -1
+        self.newest_seq = 0  # sequence number of the newest sample the marks have seen
         self.below: dict[SeriesKey, int] = {}  # batches in a row a counter stayed below its mark
 
-    def plan(self, metrics: Sequence[SeriesKey]) -> None:
-        """Follow a new metrics list, keeping the marks of the counters it still has."""
-        keys = tuple(m for m in metrics if m[0] in _COUNTER_KEYS)
-        if keys == self.keys:
+    def plan(self, layout: Layout) -> None:
+        """Follow a batch's layout (usually the same counters as the last batch's: one comparison),
+        keeping the marks of the counters it still has."""
+        if layout is self.layout:
             return
-        old = dict(zip(self.keys, self.marks, strict=True))
-        self.positions = [j for j, m in enumerate(metrics) if m[0] in _COUNTER_KEYS]
-        self.keys = keys
-        self.marks = array("d", (old.get(k, 0.0) for k in keys))
+        self.layout, self.positions, self._take = layout, layout.positions, layout.take
+        if layout.keys != self.keys:
+            old = dict(zip(self.keys, self.marks, strict=True))
+            self.keys = layout.keys
+            self.marks = array("d", map(old.get, layout.keys, itertools.repeat(0.0)))
 
-    def screen(self, boot: str, times: list[int], columns: list[Column | None], dropped: dict[str, int]) -> bool:
-        """Drop the counter values the policy refuses, in place; True when any was dropped (a gap)."""
+    def screen(self, boot: str, seqs: list[int], columns: list[Column | None], dropped: dict[str, int]) -> bool:
+        """Drop the counter values the policy refuses, in place; True when any was dropped (a gap).
+        Samples are ordered by their sequence numbers, which follow the agent's sampling whatever its
+        clock did or the bridge corrected."""
         if boot != self.boot:  # a new boot: every counter starts afresh
-            self.boot, self.newest_ms, self.below = boot, -1, {}
+            self.boot, self.newest_seq, self.below = boot, 0, {}
             self.marks = array("d", bytes(8 * len(self.keys)))
-        newer = times[0] > self.newest_ms
-        marks, le = self.marks, operator.le
+        newer = seqs[0] > self.newest_seq
+        if self.positions and not self._in_order(columns, newer):
+            gaps = self._one_by_one(columns, newer, dropped)
+        else:
+            gaps = False
+        if newer:
+            self.newest_seq = seqs[-1]
+        return gaps
+
+    def _in_order(self, columns: list[Column | None], newer: bool) -> bool:
+        """The common case, for every counter column at once without a Python loop: each in order, none
+        below zero, none below its mark (for newer samples); the marks then move to the last values."""
+        cols = self._take(columns)
+        if None in cols:
+            return False
+        try:
+            repeat = itertools.repeat
+            tails = map(itertools.islice, cols, repeat(1), repeat(None))  # type: ignore[arg-type]
+            if not all(map(all, map(map, repeat(operator.le), cols, tails))):  # type: ignore[arg-type]
+                return False
+            firsts = map(operator.itemgetter(0), cols)  # type: ignore[arg-type]
+            if not all(map(operator.ge, firsts, self.marks if newer else repeat(0.0))):
+                return False
+        except TypeError:  # a gap (None) in a column
+            return False
+        if newer:
+            self.marks = array("d", map(operator.itemgetter(-1), cols))  # type: ignore[arg-type]
+            if self.below:
+                self.below.clear()
+        return True
+
+    def _one_by_one(self, columns: list[Column | None], newer: bool, dropped: dict[str, int]) -> bool:
+        marks, le, islice = self.marks, operator.le, itertools.islice
         gaps = False
-        for i, j in enumerate(self.positions):
-            col = columns[j]
-            if col is None:
-                continue
+        cols = self._take(columns)
+        for i in itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None))):
+            j, col = self.positions[i], cols[i]
+            assert col is not None
             start = marks[i] if newer else 0.0
             try:
-                if col[0] >= start and all(map(le, col, itertools.islice(col, 1, None))):  # type: ignore[operator,arg-type]
+                if col[0] >= start and all(map(le, col, islice(col, 1, None))):  # type: ignore[operator,arg-type]
                     if newer:
                         marks[i] = col[-1]  # type: ignore[assignment]
-                        if self.below:
-                            self.below.pop(self.keys[i], None)
+                        self.below.pop(self.keys[i], None)
                     continue
-            except TypeError:  # a gap (None): the slow path below
+            except TypeError:  # a gap (None)
                 pass
             gaps |= self._slow(i, col, start, newer, columns, j, dropped)
-        if newer:
-            self.newest_ms = times[-1]
         return gaps
 
     def _slow(
