@@ -72,24 +72,36 @@ def test_new_node_names_are_rate_limited_once_the_fleet_has_introduced_itself(
     t = time.time() - 100
     with ScriptedReceiver(_ok) as rx, caplog.at_level(logging.WARNING):
         bridge, registry = local_bridge(rx.url, new_nodes_per_minute=3, clock=clock)
+        # a restarted bridge: its session's backlog comes first, from any number of nodes
+        for i in range(5):
+            bridge.process([message(make_batch(f"edge-backlog-{i}", "b", [1], t), i + 1)])
         bridge.new_nodes.subscribed()
-        # the introduction: a restarted bridge hears the whole fleet at once, names keep coming
+        # then the retained status messages introduce the fleet, and its nodes' batches follow
         for i in range(10):
             clock.now += 1
-            bridge.process([message(make_batch(f"edge-known-{i}", "b", [1], t), i + 1)])
-        assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 10
-        clock.now += QUIET + 1  # no new name for a while: the introduction is over
+            bridge.status(f"gpu-exporter/edge-known-{i}/status", b"online")
+        for i in range(10):
+            bridge.process([message(make_batch(f"edge-known-{i}", "b", [1], t), 10 + i)])
+        assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 15
+        # names nobody introduced: three a minute
         for i in range(5):
             bridge.process([message(make_batch(f"edge-new-{i}", "b", [1], t), 100 + i)])
         bridge.process([message(make_batch("edge-known-3", "b", [2], t + 5), 200)])  # known names pass
         assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 2
+        clock.now += QUIET + 1  # the introduction is over: a status no longer introduces a name
+        bridge.status("gpu-exporter/edge-late/status", b"online")
+        bridge.process([message(make_batch("edge-late", "b", [1], t), 300)])
         clock.now += 20  # 3 a minute: one more token
-        bridge.process([message(make_batch("edge-new-4", "b", [1], t), 300)])
-        bridge.process([message(make_batch("edge-new-5", "b", [1], t), 301)])
+        bridge.process([message(make_batch("edge-new-4", "b", [1], t), 301)])
+        bridge.process([message(make_batch("edge-new-5", "b", [1], t), 302)])
     written = {dict(labels)["node"] for r in rx.requests for labels, _ in r.series}
-    assert written == {f"edge-known-{i}" for i in range(10)} | {"edge-new-0", "edge-new-1", "edge-new-2", "edge-new-4"}
-    assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 14
-    assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 3
+    assert written == (
+        {f"edge-backlog-{i}" for i in range(5)}
+        | {f"edge-known-{i}" for i in range(10)}
+        | {"edge-new-0", "edge-new-1", "edge-new-2", "edge-new-4"}
+    )
+    assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 19
+    assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 4  # new-3, new-4 (at first), late, new-5
     lines = [r.getMessage() for r in caplog.records if "new-nodes-per-minute" in r.getMessage()]
     assert len(lines) == 1  # one line a minute, however many are refused
 

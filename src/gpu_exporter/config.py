@@ -89,7 +89,7 @@ class Config:
     bridge_max_inflight_bytes: int = 64 * 1024 * 1024
     bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
     bridge_max_series: int = 750_000
-    bridge_new_nodes_per_minute: int = 20
+    bridge_new_nodes_per_minute: int = 10
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
@@ -655,8 +655,9 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.new-nodes-per-minute",
         "bridge_new_nodes_per_minute",
         _int_between(1, 1_000_000),
-        "bridge: node names it starts to write per minute (not counted while the fleet introduces itself "
-        "after a start); batches of further new names are dropped and counted",
+        "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
+        "a start: its session's backlog and retained status messages); batches of further new names are "
+        "dropped and counted",
         "N",
     ),
     Option(

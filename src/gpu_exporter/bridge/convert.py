@@ -25,7 +25,7 @@ from gpu_exporter.bridge import labels
 from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.limits import SeriesBudget
 from gpu_exporter.bridge.remote_write import Series, encode_labels
-from gpu_exporter.bridge.values import Counters, Layout, drop_nonfinite
+from gpu_exporter.bridge.values import COUNTER_KEYS, Counters, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
@@ -51,21 +51,39 @@ def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
     return encode_labels(tuple(sorted(labels)))
 
 
+# A device's plan (the entry of each metric of a batch) is kept for the next batch only for a metrics list
+# up to this long (a device has some 90 series, a MIG node's with pods a few thousand): a longer one, a
+# node inventing series, would keep every series it named alive through the plan.
+PLAN_LIMIT = 4096
+
+
+class _Plan:
+    """The entries of one metrics list on one device, and where its written counters are."""
+
+    __slots__ = ("counter_keys", "counter_positions", "entries", "limited", "unknown")
+
+    def __init__(self, metrics: tuple[SeriesKey, ...], entries: list[_Entry | None], absent: tuple[bool, ...]) -> None:
+        self.entries = entries
+        self.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
+        self.limited = entries.count(_LIMITED)  # entries its node may not create
+        positions = [j for j, (m, e) in enumerate(zip(metrics, entries, strict=True)) if e and m[0] in COUNTER_KEYS]
+        self.counter_positions = positions
+        self.counter_keys = tuple(metrics[j] for j in positions)
+
+
 class _Device:
     """What the converter remembers about one device of one node."""
 
-    __slots__ = ("counters", "entries", "info", "limited", "metrics", "series", "unknown", "up", "why")
+    __slots__ = ("counters", "info", "metrics", "plan", "series", "up", "why")
 
     def __init__(self) -> None:
         self.series: dict[SeriesKey, _Entry | None] = {}
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
-        # the metrics list ``entries`` was made for, and which of its columns were absent
+        # the metrics list ``plan`` was made for, and which of its columns were absent
         self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
-        self.entries: list[_Entry | None] = []
-        self.unknown: set[str] = set()
-        self.limited = 0  # entries of ``entries`` its node may not create
-        self.why = "node"  # the series limit that refused them: "node" or "fleet"
+        self.plan: _Plan | None = None
+        self.why = "node"  # the series limit that refused the last series refused: "node" or "fleet"
         self.counters: Counters | None = None  # high marks of its counters (bridge/values.py)
 
 
@@ -101,7 +119,6 @@ class Converter:
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
         self.budget = budget or SeriesBudget(max_series_per_node, max_series)
-        self._last_layout: Layout | None = None
         self._reserved = frozenset(("__name__", node_label, *(f.name for f in dataclasses.fields(DeviceId))))
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
@@ -163,20 +180,20 @@ class Converter:
         cache: _Device,
         metrics: tuple[SeriesKey, ...],
         columns: list[list[float | None] | None],
-    ) -> _Device:
+    ) -> _Plan:
         """The entry of each of a batch's metrics on one device (None where the device has no column);
         remade only when the metrics list or the set of columns present changes. Only series with a
         column count against the node's series limit."""
         absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
-        if cache.metrics != (metrics, absent):
-            entries = [
-                None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)
-            ]
-            cache.entries = entries
-            cache.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
-            cache.limited = entries.count(_LIMITED)
-            cache.metrics = (metrics, absent)
-        return cache
+        if cache.plan is not None and cache.metrics == (metrics, absent):
+            return cache.plan
+        entries = [None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)]
+        plan = _Plan(metrics, entries, absent)
+        if len(metrics) <= PLAN_LIMIT:
+            cache.plan, cache.metrics = plan, (metrics, absent)
+        else:
+            cache.plan = cache.metrics = None
+        return plan
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
         """Series for each batch's samples at the given positions (None: all of them)."""
@@ -199,7 +216,6 @@ class Converter:
             if out.newest_ms is None or times[-1] > out.newest_ms:
                 out.newest_ms = max(times)
             metrics = tuple(batch.metrics)
-            layout = self._layout(metrics)
             for dev in batch.devices:
                 cache = self._device_cache(node, dev.device)
                 up = dev.up if keep is None else [dev.up[i] for i in keep]
@@ -228,13 +244,13 @@ class Converter:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                gaps = self._screen(batch, layout, dev.columns, cache, dev.nonfinite, out)
-                gaps |= dev.gaps
                 plan = self._entries(node, dev.device, cache, metrics, dev.columns)
+                gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, out)
+                gaps |= dev.gaps
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
                 if plan.limited:
-                    _add(out.limited, (node, plan.why), plan.limited * n)
+                    _add(out.limited, (node, cache.why), plan.limited * n)
                 if keep is None and answering is None and not gaps:  # the common case, in one C loop
                     pieces += [  # no gaps: no column holds a None
                         (e, times, c)  # type: ignore[misc]
@@ -284,7 +300,7 @@ class Converter:
     def _screen(
         self,
         batch: ColumnBatch,
-        layout: Layout,
+        plan: _Plan,
         columns: list[list[float | None] | None],
         cache: _Device,
         nonfinite: bool,
@@ -294,21 +310,15 @@ class Converter:
         dropped: dict[str, int] = {}
         gaps = drop_nonfinite(columns, dropped) if nonfinite else False
         # a summary's "<counter>:last" is its own series, checked in its raw batch
-        if layout.positions and not batch.summary_ms:
+        if plan.counter_positions and not batch.summary_ms:
             counters = cache.counters
             if counters is None:
                 counters = cache.counters = Counters()
-            counters.plan(layout)
+            counters.plan(plan.counter_keys, plan.counter_positions)
             gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped)
         for reason, count in dropped.items():
             _add(out.dropped, (batch.node, reason), count)
         return gaps
-
-    def _layout(self, metrics: tuple[SeriesKey, ...]) -> Layout:
-        """The counters' layout of a metrics list; the last one made is kept (batches repeat theirs)."""
-        if self._last_layout is None or self._last_layout.metrics != metrics:
-            self._last_layout = Layout(metrics)
-        return self._last_layout
 
     def _device_labels(
         self, node: str, device: DeviceId, info: dict[str, str], cache: _Device, out: Converted

@@ -7,11 +7,10 @@ forgets series that stopped. So pods that come and go, a node that leaves the fl
 stopped give their share of the budgets back. Each counted series costs a 64-bit hash in a set (about
 60 bytes).
 
-A new node name (one the bridge has no series of) takes a token from a bucket that refills at
-``per_minute`` tokens a minute and holds as many. Right after the bridge starts every name is new, and
-the fleet introduces itself at once (the retained status messages on subscribing, then every node's
-batches): until the names stop coming for ``QUIET`` seconds (at most ``INTRODUCTION`` seconds after the
-bridge first subscribed), names are admitted without tokens.
+A new node name (one the bridge has no active series of) takes a token from a bucket that refills at
+``per_minute`` tokens a minute and holds as many, except the names the fleet introduces right after the
+bridge starts: batches that waited in the bridge's session, and names with a retained status message,
+which the broker sends on subscribing (``NewNodes``).
 """
 
 from __future__ import annotations
@@ -95,53 +94,65 @@ class SeriesBudget:
 
 
 class NewNodes:
-    """A token bucket for node names the bridge does not know yet. Thread-safe."""
+    """Which new node names the bridge starts to write for. Thread-safe.
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic) -> None:
+    Until the bridge first subscribed, every name is admitted: those batches waited in its session while
+    it was away. Then the fleet introduces itself with its retained status messages, which the broker
+    sends on subscribing: while they come (until none came for ``QUIET`` seconds, at most
+    ``INTRODUCTION`` seconds after subscribing) a name with a status message is admitted. Any other new
+    name takes a token from a bucket that holds ``per_minute`` and refills at that rate a minute.
+    """
+
+    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic, max_names: int = 100_000) -> None:
         self.per_minute = per_minute
         self._clock = clock
         self._tokens = float(per_minute)
         self._at = clock()
         self._lock = threading.Lock()
         self._subscribed: float | None = None  # when the bridge first subscribed
-        self._last_new: float | None = None
+        self._last_status: float | None = None
         self._introducing = True
-        self.admitted = 0
-        self.refused = 0
+        self._introduced: set[str] = set()
+        self._max_names = max_names
 
     def subscribed(self) -> None:
         with self._lock:
             if self._subscribed is None:
                 self._subscribed = self._clock()
 
-    def introducing(self) -> bool:
-        """True while the fleet introduces itself after the bridge started (names admitted freely)."""
-        with self._lock:
-            return self._still_introducing(self._clock())
-
     def _still_introducing(self, now: float) -> bool:
         if self._introducing and self._subscribed is not None:
-            quiet_since = max(self._subscribed, self._last_new or self._subscribed)
+            quiet_since = max(self._subscribed, self._last_status or self._subscribed)
             if now - quiet_since >= QUIET or now - self._subscribed >= INTRODUCTION:
                 self._introducing = False
-                self._tokens, self._at = float(self.per_minute), now
+                self._introduced.clear()  # admitted by now, or gone
         return self._introducing
 
-    def take(self) -> bool:
-        """A new node name arrived: True when it may be admitted."""
+    def status(self, node: str) -> None:
+        """A status message of ``node``: during the introduction, its name is admitted."""
         with self._lock:
             now = self._clock()
-            if self._still_introducing(now):
-                self._last_new = now
-                self.admitted += 1
+            if (
+                self._still_introducing(now)
+                and self._subscribed is not None
+                and len(self._introduced) < self._max_names
+            ):
+                self._introduced.add(node)
+                self._last_status = now
+
+    def take(self, node: str) -> bool:
+        """A batch of ``node``, a name the bridge writes nothing for yet: True when it may be admitted."""
+        with self._lock:
+            now = self._clock()
+            if self._subscribed is None:  # the session's backlog
+                return True
+            if self._still_introducing(now) and node in self._introduced:
                 return True
             self._tokens = min(float(self.per_minute), self._tokens + (now - self._at) * self.per_minute / 60.0)
             self._at = now
             if self._tokens >= 1.0:
                 self._tokens -= 1.0
-                self.admitted += 1
                 return True
-            self.refused += 1
             return False
 
 

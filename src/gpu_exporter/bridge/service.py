@@ -95,7 +95,7 @@ class BridgeSettings:
     series_cache: int = 750_000
     max_series_per_node: int = 20_000
     max_series: int = 750_000
-    new_nodes_per_minute: int = 20
+    new_nodes_per_minute: int = 10
     max_clock_skew: float = 300.0
     clock_skew_policy: str = "correct"
 
@@ -347,7 +347,7 @@ class Bridge:
         except Exception:  # a topic that is not UTF-8
             topic = "?"
         if topic.endswith("/status"):
-            self.handler.status(topic, bytes(msg.payload))
+            self.status(topic, bytes(msg.payload))
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return
@@ -373,6 +373,11 @@ class Bridge:
             return
         self._queue.put(received)
         self.metrics.queue.inc()
+
+    def status(self, topic: str, payload: bytes) -> None:
+        """A node's status message: its liveness, and while the fleet introduces itself, its name."""
+        self.handler.status(topic, payload)
+        self.new_nodes.status(self.handler.topic_node(topic))
 
     # ----------------------------------------------------------------------------------------- writer
 
@@ -488,7 +493,7 @@ class Bridge:
         --bridge.new-nodes-per-minute new names came in the last minute."""
         if self._converter.knows(batch.node):
             return True
-        if self.new_nodes.take():
+        if self.new_nodes.take(batch.node):
             self.metrics.new_nodes.inc()
             return True
         self.metrics.new_nodes_refused.inc()

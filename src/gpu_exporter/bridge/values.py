@@ -31,10 +31,10 @@ from collections.abc import Callable
 from gpu_exporter import catalog
 from gpu_exporter.model import SeriesKey
 
-__all__ = ["RESET_AFTER", "Counters", "Layout", "drop_nonfinite"]
+__all__ = ["COUNTER_KEYS", "RESET_AFTER", "Counters", "drop_nonfinite"]
 
 RESET_AFTER = 3
-_COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
+COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 Column = list[float | None]
 
 
@@ -58,33 +58,13 @@ def drop_nonfinite(columns: list[Column | None], dropped: dict[str, int]) -> boo
     return found
 
 
-class Layout:
-    """Where a metrics list has its counters: computed once per batch, shared by its devices."""
-
-    __slots__ = ("keys", "metrics", "positions", "take")
-
-    def __init__(self, metrics: tuple[SeriesKey, ...]) -> None:
-        self.metrics = metrics
-        positions = [j for j, m in enumerate(metrics) if m[0] in _COUNTER_KEYS]
-        self.positions = positions
-        self.keys = tuple(metrics[j] for j in positions)
-        self.take: Callable[[list[Column | None]], tuple[Column | None, ...]]
-        if len(positions) == 1:
-            self.take = lambda columns: (columns[positions[0]],)
-        elif positions:
-            self.take = operator.itemgetter(*positions)
-        else:
-            self.take = lambda columns: ()
-
-
 class Counters:
     """The counter columns of one device's metrics list, and their high marks in the current boot."""
 
-    __slots__ = ("_take", "below", "boot", "keys", "layout", "marks", "newest_seq", "positions")
+    __slots__ = ("_take", "below", "boot", "keys", "marks", "newest_seq", "positions")
 
     def __init__(self) -> None:
         self.boot = ""
-        self.layout: Layout | None = None
         self.keys: tuple[SeriesKey, ...] = ()
         self.positions: list[int] = []
         self._take: Callable[[list[Column | None]], tuple[Column | None, ...]] = lambda columns: ()
@@ -92,16 +72,20 @@ class Counters:
         self.newest_seq = 0  # sequence number of the newest sample the marks have seen
         self.below: dict[SeriesKey, int] = {}  # batches in a row a counter stayed below its mark
 
-    def plan(self, layout: Layout) -> None:
-        """Follow a batch's layout (usually the same counters as the last batch's: one comparison),
-        keeping the marks of the counters it still has."""
-        if layout is self.layout:
+    def plan(self, keys: tuple[SeriesKey, ...], positions: list[int]) -> None:
+        """Follow the counters a device writes in a batch (their keys, and their columns' positions):
+        usually the same as in its last batch (one comparison); the marks of those it still has are kept."""
+        if positions is self.positions:
             return
-        self.layout, self.positions, self._take = layout, layout.positions, layout.take
-        if layout.keys != self.keys:
+        self.positions = positions
+        if len(positions) == 1:
+            self._take = lambda columns: (columns[positions[0]],)
+        else:
+            self._take = operator.itemgetter(*positions)
+        if keys != self.keys:
             old = dict(zip(self.keys, self.marks, strict=True))
-            self.keys = layout.keys
-            self.marks = array("d", map(old.get, layout.keys, itertools.repeat(0.0)))
+            self.keys = keys
+            self.marks = array("d", map(old.get, keys, itertools.repeat(0.0)))
 
     def screen(self, boot: str, seqs: list[int], columns: list[Column | None], dropped: dict[str, int]) -> bool:
         """Drop the counter values the policy refuses, in place; True when any was dropped (a gap).
