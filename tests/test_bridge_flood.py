@@ -2,7 +2,7 @@
 twenty valid messages from one node carrying a million distinct series in all, then a healthy node's
 batch. Issue 20's, CI-sized: a flood spread over invented node names.
 
-The bound asserted is the design's: --bridge.max-series-per-node (default 20,000) caps what one node
+The bound asserted is the design's: --bridge.max-series-per-node (default 10,000) caps what one node
 creates, so neither Prometheus nor the bridge's caches hold the million; the bridge decodes at most
 --bridge.max-payload of inflated JSON per write group. Its peak RSS (VmHWM, read from /proc) must stay
 within the manifest's 512Mi limit (deploy/bridge.yaml) with margin. The figures are printed (-s).
@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_exporter import config as cfg
 from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
@@ -30,7 +31,7 @@ MESSAGES = 20
 SERIES = 1_000_000
 DEVICES = 10
 MANIFEST_LIMIT = 512 * 1024 * 1024
-PER_NODE = 20_000  # --bridge.max-series-per-node's default
+PER_NODE = cfg.Config().bridge_max_series_per_node  # the default
 
 
 def flood_payloads(node: str, t: float) -> list[bytes]:

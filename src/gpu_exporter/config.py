@@ -88,13 +88,13 @@ class Config:
     bridge_max_payload: int = 4 * 1024 * 1024
     bridge_max_inflight_bytes: int = 64 * 1024 * 1024
     bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
-    bridge_max_series: int = 750_000
+    bridge_max_series: int = 300_000
     bridge_new_nodes_per_minute: int = 10
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
     bridge_clock_skew_policy: str = "correct"
-    bridge_max_series_per_node: int = 20_000
+    bridge_max_series_per_node: int = 10_000
     remote_write_url: str = ""
     remote_write_username: str = ""
     remote_write_password_file: str = ""

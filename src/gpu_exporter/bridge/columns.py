@@ -22,6 +22,7 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_exporter.bridge.values import COUNTER_KEYS
 from gpu_exporter.forward import batch as codec
 from gpu_exporter.model import DeviceId, SeriesKey
 
@@ -49,6 +50,9 @@ class ColumnDevice:
     columns: list[list[float | None] | None]  # per metric (``ColumnBatch.metrics``), per sample
     gaps: bool = False  # some column holds a null (a value missing from some sample)
     nonfinite: bool = False  # some column holds NaN or ±Inf (only plain values and constants can)
+    # every counter column (catalog type counter) is known not to go down within the batch: a constant,
+    # or integer deltas none of which after the first is negative (bridge/values.py checks the rest)
+    counters_rising: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -139,6 +143,7 @@ def from_document(doc: Any) -> ColumnBatch:
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
     metrics = c._metrics(doc["metrics"], bool(header.summary_ms))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise c.PayloadError("devices must be an array")
@@ -163,13 +168,13 @@ def from_document(doc: Any) -> ColumnBatch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded, nonfinite = _columns(where, cols, n, header.version)
+        decoded, nonfinite, rising = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         gaps = any(None in col for col in decoded if col is not None)
-        devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite))
+        devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
     _check_encodable(batch)
     return batch
@@ -195,14 +200,18 @@ _INT = {int}
 _NUMBER = {int, float}
 
 
-def _columns(where: str, cols: list[Any], n: int, version: int) -> tuple[list[list[float | None] | None], bool]:
-    """Every column of one device, and whether one may hold NaN or ±Inf. Plain integer-delta columns and
-    finite constants (the encoder's usual output) are checked together and decoded in C loops; any other
-    column (plain values, a reference, a non-finite constant) goes through the codec's own ``_column``,
-    in order, after them."""
+def _columns(
+    where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset()
+) -> tuple[list[list[float | None] | None], bool, bool]:
+    """Every column of one device, whether one may hold NaN or ±Inf, and whether every column at a
+    position of ``counters`` is known not to go down. Plain integer-delta columns and finite constants
+    (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
+    values, a reference, a non-finite constant) goes through the codec's own ``_column``, in order,
+    after them."""
     fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
+    plain: set[int] = set()  # plain-value columns decoded here
     has_step = codec._HAS_STEP
     for j, col in enumerate(cols):
         kind = type(col)
@@ -236,6 +245,7 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> tuple[list[li
                 if all(map(math.isfinite, floats)):
                     out[j] = floats  # type: ignore[assignment]
                     done.add(j)
+                    plain.add(j)
             continue
         if type(deltas) is not list or len(deltas) != n or version >= 3:  # version 3 writes delta arrays
             continue
@@ -269,9 +279,12 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> tuple[list[li
         ):
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
     truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
+    rising = True
     for j, deltas, scale, step, order in fast:
         if order == 2:
             deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
+        if rising and j in counters and n > 1:  # a step of at least 1: the values go as the deltas
+            rising = min(itertools.islice(deltas, 1, None)) >= 0
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
@@ -283,4 +296,7 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> tuple[list[li
         if j not in done and col is not None:  # a reference names an earlier column: decoded by now
             values = out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
             nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
-    return out, nonfinite
+            rising = rising and j not in counters
+        elif rising and j in counters and j in plain:
+            rising = all(map(operator.le, col["values"], itertools.islice(col["values"], 1, None)))
+    return out, nonfinite, rising

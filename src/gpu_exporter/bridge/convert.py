@@ -245,7 +245,7 @@ class Converter:
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
                 plan = self._entries(node, dev.device, cache, metrics, dev.columns)
-                gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, out)
+                gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, dev.counters_rising, out)
                 gaps |= dev.gaps
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
@@ -304,6 +304,7 @@ class Converter:
         columns: list[list[float | None] | None],
         cache: _Device,
         nonfinite: bool,
+        rising: bool,
         out: Converted,
     ) -> bool:
         """The value policy (bridge/values.py) on one device's columns, in place; True when it made gaps."""
@@ -315,7 +316,7 @@ class Converter:
             if counters is None:
                 counters = cache.counters = Counters()
             counters.plan(plan.counter_keys, plan.counter_positions)
-            gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped)
+            gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped, rising)
         for reason, count in dropped.items():
             _add(out.dropped, (batch.node, reason), count)
         return gaps

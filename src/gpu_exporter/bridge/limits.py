@@ -120,6 +120,10 @@ class NewNodes:
             if self._subscribed is None:
                 self._subscribed = self._clock()
 
+    def has_subscribed(self) -> bool:
+        with self._lock:
+            return self._subscribed is not None
+
     def _still_introducing(self, now: float) -> bool:
         if self._introducing and self._subscribed is not None:
             quiet_since = max(self._subscribed, self._last_status or self._subscribed)
@@ -144,7 +148,7 @@ class NewNodes:
         """A batch of ``node``, a name the bridge writes nothing for yet: True when it may be admitted."""
         with self._lock:
             now = self._clock()
-            if self._subscribed is None:  # the session's backlog
+            if self._subscribed is None:  # the session's backlog, in the writer before the subscription
                 return True
             if self._still_introducing(now) and node in self._introduced:
                 return True

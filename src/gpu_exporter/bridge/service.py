@@ -93,8 +93,8 @@ class BridgeSettings:
     rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
     series_cache: int = 750_000
-    max_series_per_node: int = 20_000
-    max_series: int = 750_000
+    max_series_per_node: int = 10_000
+    max_series: int = 300_000
     new_nodes_per_minute: int = 10
     max_clock_skew: float = 300.0
     clock_skew_policy: str = "correct"
@@ -128,6 +128,7 @@ class Received:
     topic: str
     payload: bytes
     stamp: Stamp | None = None  # when it arrived and, from MQTT 5 agents, when it was sent
+    backlog: bool = False  # it came before the bridge first subscribed: it waited in the session
 
 
 class MessageHandler:
@@ -362,7 +363,8 @@ class Bridge:
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return
-        received = Received(msg.mid, msg.qos, topic, bytes(payload), stamp_of(getattr(msg, "properties", None)))
+        stamp = stamp_of(getattr(msg, "properties", None))
+        received = Received(msg.mid, msg.qos, topic, bytes(payload), stamp, not self.new_nodes.has_subscribed())
         waited = self.inflight.waited
         admitted = self.inflight.admit(received, bool(msg.dup))
         if self.inflight.waited > waited:
@@ -447,7 +449,7 @@ class Bridge:
             return None
         for m in itertools.chain((first,), todo):
             batch = self.handler.decode(m)
-            if batch is None or not self._admit_node(batch):
+            if batch is None or not self._admit_node(batch, m.backlog):
                 continue
             stream = _stream(batch)
             taken = pending.setdefault((batch.node, stream), set())
@@ -488,12 +490,12 @@ class Bridge:
                 self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
         return outcome.written
 
-    def _admit_node(self, batch: ColumnBatch) -> bool:
+    def _admit_node(self, batch: ColumnBatch, backlog: bool) -> bool:
         """False (the batch dropped and counted) for a node name the bridge does not know, once
         --bridge.new-nodes-per-minute new names came in the last minute."""
         if self._converter.knows(batch.node):
             return True
-        if self.new_nodes.take(batch.node):
+        if backlog or self.new_nodes.take(batch.node):
             self.metrics.new_nodes.inc()
             return True
         self.metrics.new_nodes_refused.inc()

@@ -87,15 +87,18 @@ class Counters:
             self.keys = keys
             self.marks = array("d", map(old.get, keys, itertools.repeat(0.0)))
 
-    def screen(self, boot: str, seqs: list[int], columns: list[Column | None], dropped: dict[str, int]) -> bool:
+    def screen(
+        self, boot: str, seqs: list[int], columns: list[Column | None], dropped: dict[str, int], rising: bool = False
+    ) -> bool:
         """Drop the counter values the policy refuses, in place; True when any was dropped (a gap).
         Samples are ordered by their sequence numbers, which follow the agent's sampling whatever its
-        clock did or the bridge corrected."""
+        clock did or the bridge corrected. ``rising``: the decoder found every counter column not going
+        down within the batch (from its integer deltas), so only where each starts is left to check."""
         if boot != self.boot:  # a new boot: every counter starts afresh
             self.boot, self.newest_seq, self.below = boot, 0, {}
             self.marks = array("d", bytes(8 * len(self.keys)))
         newer = seqs[0] > self.newest_seq
-        if self.positions and not self._in_order(columns, newer):
+        if self.positions and not self._in_order(columns, newer, rising):
             gaps = self._one_by_one(columns, newer, dropped)
         else:
             gaps = False
@@ -103,7 +106,7 @@ class Counters:
             self.newest_seq = seqs[-1]
         return gaps
 
-    def _in_order(self, columns: list[Column | None], newer: bool) -> bool:
+    def _in_order(self, columns: list[Column | None], newer: bool, rising: bool) -> bool:
         """The common case, for every counter column at once without a Python loop: each in order, none
         below zero, none below its mark (for newer samples); the marks then move to the last values."""
         cols = self._take(columns)
@@ -112,7 +115,7 @@ class Counters:
         try:
             repeat = itertools.repeat
             tails = map(itertools.islice, cols, repeat(1), repeat(None))  # type: ignore[arg-type]
-            if not all(map(all, map(map, repeat(operator.le), cols, tails))):  # type: ignore[arg-type]
+            if not rising and not all(map(all, map(map, repeat(operator.le), cols, tails))):  # type: ignore[arg-type]
                 return False
             firsts = map(operator.itemgetter(0), cols)  # type: ignore[arg-type]
             if not all(map(operator.ge, firsts, self.marks if newer else repeat(0.0))):
