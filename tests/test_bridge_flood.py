@@ -95,7 +95,7 @@ def test_series_flood_is_capped_per_node_and_the_bridge_stays_within_its_memory_
         healthy_series = len(prom.samples('{node="edge-healthy"}'))
         head = json.loads(http_get(f"{prom.url}/api/v1/status/tsdb", 60))["data"]["headStats"]
         flood_series = int(head["numSeries"]) - healthy_series  # no query over a million series
-        limited = bridge.metric('gpu_exporter_bridge_series_limited_total{node="edge-flood"}')
+        limited = bridge.metric('gpu_exporter_bridge_series_limited_total{node="edge-flood",reason="node"}')
         print(f"series of the flooding node in Prometheus: {flood_series}; values dropped by the limit: {limited:.0f}")
         assert flood_series <= PER_NODE
         assert limited >= SERIES - PER_NODE
