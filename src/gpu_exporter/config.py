@@ -85,12 +85,16 @@ class Config:
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
-    bridge_max_payload: int = 16 * 1024 * 1024
+    bridge_max_payload: int = 4 * 1024 * 1024
+    bridge_max_inflight_bytes: int = 64 * 1024 * 1024
+    bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
+    bridge_max_series: int = 300_000
+    bridge_new_nodes_per_minute: int = 10
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
     bridge_clock_skew_policy: str = "correct"
-    bridge_max_series_per_node: int = 20_000
+    bridge_max_series_per_node: int = 10_000
     remote_write_url: str = ""
     remote_write_username: str = ""
     remote_write_password_file: str = ""
@@ -234,6 +238,15 @@ def _duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str
         return seconds
 
     return parse
+
+
+def _packet_size(text: str) -> int:
+    from gpu_exporter.units import parse_size as size_of
+
+    size = size_of(text)
+    if size != 0 and not 1024 <= size <= 268_435_455:
+        raise ValueError(f"{text!r} must be 0 (derived) or 1KiB to 268435455 bytes (the MQTT maximum)")
+    return size
 
 
 def _max_payload(text: str) -> int:
@@ -593,10 +606,26 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "bridge.max-inflight-bytes",
+        "bridge_max_inflight_bytes",
+        _size_between(64 * 1024, 1 << 34),
+        "bridge: payload bytes it holds unacknowledged; at this bound (or --bridge.max-inflight messages) "
+        "it stops reading from the broker, which keeps the rest",
+        "SIZE",
+    ),
+    Option(
         "bridge.max-payload",
         "bridge_max_payload",
         _max_payload,
         "bridge: larger payloads (compressed or inflated) are dropped and counted",
+        "SIZE",
+    ),
+    Option(
+        "bridge.max-packet-size",
+        "bridge_max_packet_size",
+        _packet_size,
+        "bridge: MQTT 5 Maximum Packet Size announced to the broker, which then does not send larger "
+        "messages (0: --bridge.max-payload plus 64KiB)",
         "SIZE",
     ),
     Option(
@@ -618,6 +647,23 @@ OPTIONS: tuple[Option, ...] = (
         "bridge_max_series_per_node",
         _positive_int,
         "bridge: distinct series one node may create; values of further series are dropped and counted",
+        "N",
+    ),
+    Option(
+        "bridge.max-series",
+        "bridge_max_series",
+        _int_between(1, 100_000_000),
+        "bridge: distinct active series all nodes together may create; values of further series are dropped "
+        "and counted",
+        "N",
+    ),
+    Option(
+        "bridge.new-nodes-per-minute",
+        "bridge_new_nodes_per_minute",
+        _int_between(1, 1_000_000),
+        "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
+        "a start: its session's backlog and retained status messages); batches of further new names are "
+        "dropped and counted",
         "N",
     ),
     Option(

@@ -9,6 +9,7 @@ import argparse
 import errno
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
@@ -29,7 +30,7 @@ if TYPE_CHECKING:
     from gpu_exporter.web.server import WebServer
     from gpu_exporter.web.webconfig import WebConfig
 
-__all__ = ["main", "run", "settings_from", "tune_gc"]
+__all__ = ["main", "run", "settings_from", "tune_gc", "tune_malloc"]
 
 log = logging.getLogger("gpu_exporter.bridge")
 
@@ -125,10 +126,14 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         client_id=client_id,
         session_expiry=config.bridge_session_expiry,
         receive_maximum=min(config.bridge_max_inflight, 65535),
+        max_inflight_bytes=config.bridge_max_inflight_bytes,
+        max_packet_size=config.bridge_max_packet_size,
         max_payload=config.bridge_max_payload,
         node_label=config.bridge_node_label,
         series_cache=config.bridge_series_cache,
         max_series_per_node=config.bridge_max_series_per_node,
+        max_series=config.bridge_max_series,
+        new_nodes_per_minute=config.bridge_new_nodes_per_minute,
         max_clock_skew=config.bridge_max_clock_skew,
         clock_skew_policy=config.bridge_clock_skew_policy,
         rw_timeout=config.remote_write_timeout,
@@ -164,7 +169,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cfg.ConfigError as exc:
         return _fail(str(exc), 2)
     setup_logging(config.log_level, config.log_format)
+    tune_malloc()
     return run(settings, config.bridge_listen_address, config=config)
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's <malloc.h>
+
+
+def tune_malloc() -> None:
+    """One malloc arena (as the exporter), and every block of 1 MiB or more in its own mapping.
+
+    Payloads and inflated JSON are blocks of up to --bridge.max-payload. By default glibc raises its
+    mapping threshold to the largest block freed (up to 32 MiB), after which such blocks come from the
+    heap, where freeing them rarely gives memory back: a burst of large messages would leave the bridge
+    that much larger for good. A fixed threshold gives each large block back as it is freed. Called
+    before any thread starts; MALLOC_MMAP_THRESHOLD_ in the environment is left to rule.
+    """
+    from gpu_exporter.cli import limit_malloc_arenas
+
+    limit_malloc_arenas()
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 1024 * 1024)
+    except (OSError, AttributeError):
+        pass
 
 
 def tune_gc() -> None:
