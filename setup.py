@@ -29,11 +29,13 @@ def _revision() -> str:
 class BuildPyWithBuildInfo(build_py):
     def run(self) -> None:
         super().run()
-        if os.path.exists(os.path.join("src", "gpu_exporter", "_build.json")):
+        # an editable install reads the checkout (buildinfo.py asks git); a _build.json in src/ ships as it is
+        if getattr(self, "editable_mode", False) or os.path.exists(os.path.join("src", "gpu_exporter", "_build.json")):
             return
         epoch = float(os.environ.get("SOURCE_DATE_EPOCH", time.time()))
         info = {"revision": _revision(), "build_date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))}
         target = os.path.join(self.build_lib, "gpu_exporter", "_build.json")
+        os.makedirs(os.path.dirname(target), exist_ok=True)
         with open(target, "w", encoding="utf-8") as handle:
             json.dump(info, handle)
             handle.write("\n")
