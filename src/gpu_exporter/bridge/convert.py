@@ -13,23 +13,25 @@ them with one plan (see remote_write.WriteEncoder).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import operator
-import re
 import sys
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpu_exporter import catalog
+from gpu_exporter.bridge import labels
 from gpu_exporter.bridge.columns import ColumnBatch
+from gpu_exporter.bridge.limits import SeriesBudget
 from gpu_exporter.bridge.remote_write import Series, encode_labels
+from gpu_exporter.bridge.values import COUNTER_KEYS, Counters, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
 
-__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter", "SeriesLimits"]
+__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
 UP_METRIC = "gpu_up"
 INFO_METRIC = "gpu_info"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 # A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):
@@ -49,20 +51,40 @@ def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
     return encode_labels(tuple(sorted(labels)))
 
 
+# A device's plan (the entry of each metric of a batch) is kept for the next batch only for a metrics list
+# up to this long (a device has some 90 series, a MIG node's with pods a few thousand): a longer one, a
+# node inventing series, would keep every series it named alive through the plan.
+PLAN_LIMIT = 4096
+
+
+class _Plan:
+    """The entries of one metrics list on one device, and where its written counters are."""
+
+    __slots__ = ("counter_keys", "counter_positions", "entries", "limited", "unknown")
+
+    def __init__(self, metrics: tuple[SeriesKey, ...], entries: list[_Entry | None], absent: tuple[bool, ...]) -> None:
+        self.entries = entries
+        self.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
+        self.limited = entries.count(_LIMITED)  # entries its node may not create
+        positions = [j for j, (m, e) in enumerate(zip(metrics, entries, strict=True)) if e and m[0] in COUNTER_KEYS]
+        self.counter_positions = positions
+        self.counter_keys = tuple(metrics[j] for j in positions)
+
+
 class _Device:
     """What the converter remembers about one device of one node."""
 
-    __slots__ = ("entries", "info", "limited", "metrics", "series", "unknown", "up")
+    __slots__ = ("counters", "info", "metrics", "plan", "series", "up", "why")
 
     def __init__(self) -> None:
         self.series: dict[SeriesKey, _Entry | None] = {}
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
-        # the metrics list ``entries`` was made for, and which of its columns were absent
+        # the metrics list ``plan`` was made for, and which of its columns were absent
         self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
-        self.entries: list[_Entry | None] = []
-        self.unknown: set[str] = set()
-        self.limited = 0  # entries of ``entries`` its node may not create
+        self.plan: _Plan | None = None
+        self.why = "node"  # the series limit that refused the last series refused: "node" or "fleet"
+        self.counters: Counters | None = None  # high marks of its counters (bridge/values.py)
 
 
 @dataclass
@@ -71,22 +93,33 @@ class Converted:
     gpu_samples: int = 0  # (sample, device) pairs
     newest_ms: int | None = None
     unknown_keys: set[str] = field(default_factory=set)
-    limited: dict[str, int] = field(default_factory=dict)  # values dropped per node by the series limit
+    # values dropped by a series limit, by (node, "node" or "fleet")
+    limited: dict[tuple[str, str], int] = field(default_factory=dict)
+    # values dropped by the value policy (bridge/values.py), by (node, reason)
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
+    # identity labels left out of gpu_info (bridge/labels.py), by (node, reason)
+    labels_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class Converter:
     """Turns batches into series. Not thread-safe: one per writer thread."""
 
     def __init__(
-        self, node_label: str = "node", cache_size: int = 1_000_000, max_series_per_node: int = 1_000_000
+        self,
+        node_label: str = "node",
+        cache_size: int = 1_000_000,
+        max_series_per_node: int = 1_000_000,
+        max_series: int = 10_000_000,
+        budget: SeriesBudget | None = None,
     ) -> None:
-        if not _LABEL_NAME.match(node_label) or node_label.startswith("__"):
+        if labels.refusal(node_label) is not None:
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
         self._cache_size = cache_size
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
-        self._limits = SeriesLimits(max_series_per_node, cache_size)
+        self.budget = budget or SeriesBudget(max_series_per_node, max_series)
+        self._reserved = frozenset(("__name__", node_label, *(f.name for f in dataclasses.fields(DeviceId))))
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
         key = (node, device)
@@ -103,9 +136,12 @@ class Converter:
             self._cached = 0
         self._cached += units
 
-    def _admit(self, node: str, entry: _Entry) -> _Entry:
-        """``entry``, or ``_LIMITED`` when it would be one series too many for ``node``."""
-        return entry if self._limits.admit(node, entry) else _LIMITED
+    def _admit(self, node: str, entry: _Entry, cache: _Device) -> _Entry:
+        """``entry``, or ``_LIMITED`` when it would be one series too many for ``node`` or the fleet."""
+        if self.budget.admit(node, entry):
+            return entry
+        cache.why = self.budget.refused
+        return _LIMITED
 
     def _labels(
         self,
@@ -130,7 +166,7 @@ class Converter:
             pairs = [("__name__", name), *device.labels(), *metric.const_labels]
             pairs += zip(metric.labels, dynamic, strict=False)
             pairs.append((self.node_label, node))
-            entry = self._admit(node, _entry(pairs))
+            entry = self._admit(node, _entry(pairs), cache)
             if not entry:
                 return entry  # not cached: a node past its limit cannot grow the cache either
         self._count(1 + len(entry or b"") // _UNIT)  # may start over: this device's cache lives on
@@ -144,24 +180,27 @@ class Converter:
         cache: _Device,
         metrics: tuple[SeriesKey, ...],
         columns: list[list[float | None] | None],
-    ) -> _Device:
+    ) -> _Plan:
         """The entry of each of a batch's metrics on one device (None where the device has no column);
         remade only when the metrics list or the set of columns present changes. Only series with a
         column count against the node's series limit."""
         absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
-        if cache.metrics != (metrics, absent):
-            entries = [
-                None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)
-            ]
-            cache.entries = entries
-            cache.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
-            cache.limited = entries.count(_LIMITED)
-            cache.metrics = (metrics, absent)
-        return cache
+        if cache.plan is not None and cache.metrics == (metrics, absent):
+            return cache.plan
+        entries = [None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)]
+        plan = _Plan(metrics, entries, absent)
+        if len(metrics) <= PLAN_LIMIT:
+            cache.plan, cache.metrics = plan, (metrics, absent)
+        else:
+            cache.plan = cache.metrics = None
+        return plan
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
         """Series for each batch's samples at the given positions (None: all of them)."""
         out = Converted()
+        if self.budget.rotate_due():  # each active series is admitted again, into the new window
+            self._devices.clear()
+            self._cached = 0
         pieces: list[tuple[_Entry, list[int], list[float]]] = []
         add = pieces.append
 
@@ -193,23 +232,26 @@ class Converter:
                     flags = [float(up[i]) for i in present]  # type: ignore[arg-type]
                 if not stamps_up:
                     continue
-                up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
                 if batch.summary_ms:  # gpu_up and gpu_info come with the raw samples
                     up_entry, info_entry = _LIMITED, None
-                elif up_entry:
-                    add((up_entry, stamps_up, flags))
                 else:
-                    out.limited[node] = out.limited.get(node, 0) + len(stamps_up)
+                    up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache, out)
+                    if up_entry:
+                        add((up_entry, stamps_up, flags))
+                    else:
+                        _add(out.limited, (node, cache.why), len(stamps_up))
                 if info_entry:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
                 plan = self._entries(node, dev.device, cache, metrics, dev.columns)
+                gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, dev.counters_rising, out)
+                gaps |= dev.gaps
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
                 if plan.limited:
-                    out.limited[node] = out.limited.get(node, 0) + plan.limited * n
-                if keep is None and answering is None and not dev.gaps:  # the common case, in one C loop
+                    _add(out.limited, (node, cache.why), plan.limited * n)
+                if keep is None and answering is None and not gaps:  # the common case, in one C loop
                     pieces += [  # no gaps: no column holds a None
                         (e, times, c)  # type: ignore[misc]
                         for e, c in zip(plan.entries, dev.columns, strict=True)
@@ -255,15 +297,39 @@ class Converter:
                 out.series.append(Series((), ts_all, values, entry))
         return out
 
+    def _screen(
+        self,
+        batch: ColumnBatch,
+        plan: _Plan,
+        columns: list[list[float | None] | None],
+        cache: _Device,
+        nonfinite: bool,
+        rising: bool,
+        out: Converted,
+    ) -> bool:
+        """The value policy (bridge/values.py) on one device's columns, in place; True when it made gaps."""
+        dropped: dict[str, int] = {}
+        gaps = drop_nonfinite(columns, dropped) if nonfinite else False
+        # a summary's "<counter>:last" is its own series, checked in its raw batch
+        if plan.counter_positions and not batch.summary_ms:
+            counters = cache.counters
+            if counters is None:
+                counters = cache.counters = Counters()
+            counters.plan(plan.counter_keys, plan.counter_positions)
+            gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped, rising)
+        for reason, count in dropped.items():
+            _add(out.dropped, (batch.node, reason), count)
+        return gaps
+
     def _device_labels(
-        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device
+        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device, out: Converted
     ) -> tuple[_Entry, _Entry | None]:
         """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
         up = cache.up
         if up is None:
             up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
             self._count(1 + len(up) // _UNIT)
-            up = cache.up = self._admit(node, up)
+            up = cache.up = self._admit(node, up, cache)
         if not info:
             return up, None
         key = tuple(info.items())
@@ -271,42 +337,19 @@ class Converter:
         if found is None:
             if len(cache.info) > 16:  # identity strings change rarely (a driver update)
                 cache.info.clear()
-            pairs = dict(key)
-            pairs.update(device.labels())
-            pairs["__name__"] = INFO_METRIC
-            pairs[self.node_label] = node
-            found = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
+            pairs, dropped = labels.info_labels(info, self._reserved)
+            for reason, count in dropped.items():
+                _add(out.labels_dropped, (node, reason), count)
+            pairs += [*device.labels(), ("__name__", INFO_METRIC), (self.node_label, node)]
+            found = _entry(pairs)
             self._count(1 + len(found) // _UNIT)
-            found = cache.info[key] = self._admit(node, found)
+            found = cache.info[key] = self._admit(node, found, cache)
         return up, found
 
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` has active series (a name the bridge knows)."""
+        return self.budget.knows(node)
 
-class SeriesLimits:
-    """Distinct series per node, each remembered as the 64-bit hash of its encoded labels.
 
-    A node may create up to ``per_node`` series; further ones are refused. The hashes of all nodes
-    together are bounded by ``total`` (the series cache's size): past it, every count starts over, so
-    the limit is "per node since the bridge started, or since the fleet last filled the cache".
-    """
-
-    def __init__(self, per_node: int, total: int) -> None:
-        self.per_node = per_node
-        self._total = max(total, per_node)
-        self._seen: dict[str, set[int]] = {}
-        self._count = 0
-
-    def admit(self, node: str, entry: bytes) -> bool:
-        seen = self._seen.get(node)
-        if seen is None:
-            seen = self._seen[node] = set()
-        h = hash(entry)
-        if h in seen:
-            return True
-        if len(seen) >= self.per_node:
-            return False
-        if self._count >= self._total:
-            self._seen = {node: (seen := set())}
-            self._count = 0
-        seen.add(h)
-        self._count += 1
-        return True
+def _add(counts: dict[tuple[str, str], int], key: tuple[str, str], n: int) -> None:
+    counts[key] = counts.get(key, 0) + n

@@ -51,6 +51,7 @@ OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNEC
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client connected with the same client id
 _CHUNK = 16 * 1024  # the most one read of a packet's body asks for
+_PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
 
 
 class _Guard:
@@ -149,7 +150,10 @@ def read_password_bytes(path: str) -> bytes:
     """First line of the password file, as bytes: an MQTT password is binary data, UTF-8 or not (re-read
     at every connection, so a rotated secret is picked up)."""
     with open(path, "rb") as handle:
-        return handle.readline().rstrip(b"\r\n")
+        line = handle.readline(_PASSWORD_MAX + 2).rstrip(b"\r\n")
+    if len(line) > _PASSWORD_MAX:  # a file rotated to something else: never read it whole
+        raise OSError(errno.EFBIG, f"its first line is over {_PASSWORD_MAX} bytes, MQTT's limit for a password")
+    return line
 
 
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then tcpi_rto in microseconds
@@ -197,6 +201,8 @@ class Link:
         self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
         self.pace_cap = 0  # largest packet the link carries within the keepalive (forward/link_meter.py); 0: none
         self._guard: _Guard | None = None  # the socket paho reads from, bounded (see _Guard)
+        # how the last connection ended, for twins.TwinWatch: (reason code, from a broker DISCONNECT, seconds up)
+        self.last_loss: tuple[int | None, bool, float] | None = None
 
     @property
     def up(self) -> bool:
@@ -446,7 +452,10 @@ class Link:
     ) -> None:
         if client is not self._client or self.state in ("down", "closing"):
             return
-        if isinstance(reason, ReasonCode) and reason.value == SESSION_TAKEN_OVER:
+        code = reason.value if isinstance(reason, ReasonCode) else None
+        from_broker = bool(getattr(flags, "is_disconnect_packet_from_server", False))
+        self.last_loss = (code, from_broker, self._clock() - self._up_at)  # for twins.TwinWatch
+        if code == SESSION_TAKEN_OVER:
             self._fail(
                 "lost",
                 f"broker at {self._where()} disconnected the agent: session taken over, another client "
