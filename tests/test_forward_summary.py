@@ -367,8 +367,12 @@ def test_a_link_measured_too_thin_before_a_batch_closed_gets_summaries_from_then
     taken = [gpus(s) for s in range(2, 8)]
     adaptive.measured(taken, T0 + 7)
     assert not adaptive.active  # the link is not measured yet: nothing to decide
-    meter.sent(2, 1000, 0.0)
-    meter.acked(2, 6.5)  # 154 B/s
+    meter.sent(2, 300, 0.0)
+    meter.acked(2, 2.0)  # 150 B/s, but one figure of two seconds: no evidence yet
+    adaptive.measured(taken, T0 + 7)
+    assert not adaptive.active
+    meter.sent(3, 800, 2.0)
+    meter.acked(3, 7.3)  # 7 s of busy link behind the figure: trusted
     adaptive.measured(taken, T0 + 7)
     assert adaptive.active and meter.summarizing is None
     assert not adaptive.raw_allowed(800, 7.0, adaptive.next_due(T0 + 7))  # the rest of the raw batch waits

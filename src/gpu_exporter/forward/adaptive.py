@@ -127,8 +127,8 @@ class Adaptive:
         went raw), summarising starts now, from the open batch's ``samples``: what is left of raw batches
         waits, rather than hold the first summary back for as long as the link takes them (20 s and more
         at 150 B/s). ``now``: wall clock."""
-        if self.active or not self.meter.weak():
-            return
+        if self.active or not self.meter.trusted() or not self.meter.weak():
+            return  # one PUBACK's figure is no evidence (a far link's latency, a burst): a few seconds' is
         self._flag(True)
         self._window, self._start = None, now
         if samples:
