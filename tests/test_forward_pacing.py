@@ -191,3 +191,25 @@ def test_the_guard_wraps_a_real_socket_for_select_and_send() -> None:
     finally:
         a.close()
         b.close()
+
+
+@pytest.mark.parametrize(
+    ("name", "says"),
+    [("Keep alive timeout", "lost: Keep alive timeout"), ("Unspecified error", "closed without a DISCONNECT")],
+)
+def test_the_agents_own_keepalive_close_is_said_as_such(name: str, says: str) -> None:
+    """paho closes the connection itself when a PINGRESP is overdue; that was said as "closed without a
+    DISCONNECT (the network, a broker restart, or another client...)", hiding an expired keepalive."""
+    from types import SimpleNamespace
+    from unittest import mock
+
+    from paho.mqtt.packettypes import PacketTypes
+    from paho.mqtt.reasoncodes import ReasonCode
+
+    settings = LinkSettings("127.0.0.1", 1, None, "5", "t", "", "", 30, 1.0, 16)
+    link = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None)
+    client = mock.MagicMock()
+    link._client, link.state = client, "up"
+    flags = SimpleNamespace(is_disconnect_packet_from_server=False)
+    link._disconnected(client, None, flags, ReasonCode(PacketTypes.DISCONNECT, name), None)
+    assert says in link.error, link.error

@@ -50,6 +50,7 @@ _REPEAT = 60.0  # seconds before the same problem is logged again
 OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client connected with the same client id
+_UNSPECIFIED = 0x80  # what paho reports for a connection the peer closed without a reason
 _CHUNK = 16 * 1024  # the most one read of a packet's body asks for
 _PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
 
@@ -463,8 +464,9 @@ class Link:
                 "--node-name or --mqtt.client-id?)",
             )
             return
-        if not getattr(flags, "is_disconnect_packet_from_server", True) and self.state == "up":
-            # paho calls a connection closed without a DISCONNECT "Unspecified error". Mosquitto before
+        if not from_broker and code == _UNSPECIFIED and self.state == "up":
+            # paho calls a connection closed without a DISCONNECT "Unspecified error" (its own closes, such
+            # as a keepalive that expired, have names of their own and keep them). Mosquitto before
             # 2.0.15 closes an agent's connection so when another client connects with the same client id.
             self._lost(
                 f"closed without a DISCONNECT (the network, a broker restart, or another client connecting "
