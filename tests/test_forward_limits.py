@@ -88,7 +88,12 @@ def test_a_small_maximum_packet_size_and_receive_maximum_2_still_get_every_sampl
                 time.sleep(0.005)
             assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") >= 2, 10)
             proxy.blocked = False
-            assert wait_until(lambda: sub.seqs().get(fwd.boot) == set(range(1, 301)), 60), sub.seqs()
+            wait_progressing(
+                lambda: sub.seqs().get(fwd.boot) == set(range(1, 301)),
+                lambda: len(sub.seqs().get(fwd.boot, ())),
+                20,
+                "every sample at the broker",
+            )
             assert wait_until(lambda: metric(registry, "gpu_exporter_forward_spool_batches") == 0, 10)
         finally:
             fwd.stop(5)
@@ -284,8 +289,14 @@ def test_a_broker_whose_maximum_packet_is_below_one_sample_of_8_gpus_gets_every_
             if seq == 40:
                 proxy.blocked = False
             time.sleep(0.1)
-        assert wait_until(lambda: metric(registry, "gpu_exporter_forward_published_samples_total") == 80, 60)
-        assert wait_until(lambda: bridge.metric("gpu_exporter_bridge_queue_messages") == 0, 30)
+        published = lambda: metric(registry, "gpu_exporter_forward_published_samples_total")  # noqa: E731
+        wait_progressing(lambda: published() == 80, published, 20, "every sample published")
+        wait_progressing(
+            lambda: bridge.metric("gpu_exporter_bridge_queue_messages") == 0,
+            lambda: bridge.metric("gpu_exporter_bridge_queue_messages"),
+            20,
+            "the bridge's queue drained",
+        )
     finally:
         fwd.stop(5)
         bridge.stop()
