@@ -213,3 +213,16 @@ def test_the_agents_own_keepalive_close_is_said_as_such(name: str, says: str) ->
     flags = SimpleNamespace(is_disconnect_packet_from_server=False)
     link._disconnected(client, None, flags, ReasonCode(PacketTypes.DISCONNECT, name), None)
     assert says in link.error, link.error
+
+
+def test_a_packet_may_be_larger_than_the_window_within_most_of_the_keepalive() -> None:
+    """A summary of 8 GPUs (2.4 kB) on a link measured low early on (100 B/s) is over the window (21 s of
+    the link), and cut to it cost a second part's headers, some 500 bytes: 5 s more lag at that rate. It
+    goes whole, alone, as long as it takes the link under 0.9 of the keepalive."""
+    meter = LinkMeter(None, keepalive=30)
+    meter.sent(1, 3000, 0.0)
+    meter.acked(1, 30.0)  # 100 B/s
+    assert meter.window() == 2100
+    assert meter.packet_cap() == 2700 > 2480  # the summary and its framing
+    meter.sent(2, 2480, 30.0)
+    assert not meter.room(100)  # alone: nothing beside it

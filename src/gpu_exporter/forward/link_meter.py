@@ -12,7 +12,8 @@ little more than the latency says only that the link has room: it measures no ca
 **Pacing.** Everything the agent writes waits in its socket and on the link until the link has carried
 it, and a PINGREQ written behind it waits as long: on a thin link a few kilobytes are minutes. So what is
 unacknowledged never exceeds what the link carries in ``PACE`` of the keepalive (``window()``), and no
-packet is larger than that (``packet_cap()``): the keepalive's PINGRESP comes back in time on a saturated
+packet is larger than ``PACKET`` of it (``packet_cap()``; such a packet goes alone, and cutting a summary
+to the window would cost each part its headers): the keepalive's PINGRESP comes back in time on a saturated
 uplink, and a PUBACK that is much later than that means the broker is not acknowledging
 (forward/service.py). Nor, beyond one packet, more than the link carries within TCP's own retransmission
 timeout (read from the socket, ``TCP_INFO``): early on a connection that timer rests on round trips of
@@ -42,13 +43,14 @@ from collections import deque
 
 from prometheus_client import CollectorRegistry, Gauge
 
-__all__ = ["FIRST_WINDOW", "HEADROOM", "LEAVE", "MIN_WINDOW", "OPEN", "PACE", "TRUSTED", "LinkMeter"]
+__all__ = ["FIRST_WINDOW", "HEADROOM", "LEAVE", "MIN_WINDOW", "OPEN", "PACE", "PACKET", "TRUSTED", "LinkMeter"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
 HEADROOM = 0.9  # full resolution must fit in this share of the capacity
 LEAVE = 0.7  # ... and in this share to end summarising once it started (hysteresis)
 PACE = 0.7  # what may be unacknowledged: what the link carries in this share of the keepalive
+PACKET = 0.9  # the largest packet: what the link carries in this share (alone, a PINGRESP still comes in time)
 FIRST_WINDOW = 1024  # bytes unacknowledged before the link was measured (10 s of a 100 B/s link)
 TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it sizes the window
 MIN_WINDOW = 512  # the least the window shrinks to after PUBACK timeouts
@@ -209,17 +211,20 @@ class LinkMeter:
 
     def window(self) -> int:
         """Bytes that may be unacknowledged at once (see the module doc)."""
-        window = self.packet_cap()
-        if self._trusted() and self.tcp_rto:  # nor more than TCP's timer allows: no spurious retransmissions
-            window = min(window, max(MIN_WINDOW, int(self.capacity * self.tcp_rto)))
-        return window
+        if not self._trusted():
+            return self.first_window
+        window = self.capacity * PACE * self.keepalive
+        if self.tcp_rto:  # nor more than TCP's timer allows: no spurious retransmissions
+            window = min(window, self.capacity * self.tcp_rto)
+        return max(MIN_WINDOW, int(window))
 
     def packet_cap(self) -> int:
-        """The largest packet to send now: what the link carries in ``PACE`` of the keepalive (a larger
-        packet would hold a PINGREQ back as long). TCP's timer does not cut packets: a packet goes alone
-        when it is over the window, and cutting it would only add each part's headers."""
+        """The largest packet to send now: what the link carries in ``PACKET`` of the keepalive (a larger
+        one would hold a PINGREQ written behind it past the keepalive). A packet over the window goes
+        alone; cutting it to the window would only add each part's headers (some 500 bytes a part for a
+        summary of 8 GPUs: 3-4 s at 150 B/s), and TCP's timer does not cut packets either."""
         if self._trusted():
-            return max(MIN_WINDOW, int(self.capacity * PACE * self.keepalive))
+            return max(MIN_WINDOW, int(self.capacity * PACKET * self.keepalive))
         return self.first_window
 
     def room(self, size: int) -> bool:
