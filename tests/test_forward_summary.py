@@ -354,30 +354,3 @@ def test_no_raw_batch_goes_ahead_of_a_summary_that_is_due() -> None:
     assert not adaptive.raw_allowed(500, now, adaptive.next_due(now))  # 3 s of the link: not now
     assert adaptive.next_due(T0 + 60) == 10.0  # no sample for a batch interval: sampling paused
     assert adaptive.raw_allowed(500, T0 + 60, adaptive.next_due(T0 + 60))
-
-
-def test_a_link_measured_too_thin_before_a_batch_closed_gets_summaries_from_then_on() -> None:
-    """The batch taken before connecting goes raw on a link not measured yet; the PUBACK that shows the
-    link too thin starts summarising at once, from the samples taken so far, and what is left of raw
-    batches waits: before, the first summary waited for the batch to close and for the raw parts
-    written meanwhile (20-30 s of a 150 B/s link), and the cloud's lag stayed over 50 s in minute 2."""
-    meter = LinkMeter(None)
-    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
-    assert not adaptive.closed([gpus(1)], [entry(1, 2400)], 0.5, connected=True)  # unknown link: raw
-    taken = [gpus(s) for s in range(2, 8)]
-    adaptive.measured(taken, T0 + 7)
-    assert not adaptive.active  # the link is not measured yet: nothing to decide
-    meter.sent(2, 300, 0.0)
-    meter.acked(2, 2.0)  # 150 B/s, but one figure of two seconds: no evidence yet
-    adaptive.measured(taken, T0 + 7)
-    assert not adaptive.active
-    meter.sent(3, 800, 2.0)
-    meter.acked(3, 7.3)  # 7 s of busy link behind the figure: trusted
-    adaptive.measured(taken, T0 + 7)
-    assert adaptive.active and meter.summarizing is None
-    assert not adaptive.raw_allowed(800, 7.0, adaptive.next_due(T0 + 7))  # the rest of the raw batch waits
-    for seq in range(8, 12):
-        adaptive.add(gpus(seq))
-    assert adaptive._pending is not None  # a window of the samples since the first one taken
-    point, span, _ = adaptive._pending
-    assert span >= 10.0 and point.seq == 11

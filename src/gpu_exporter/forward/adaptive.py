@@ -121,25 +121,6 @@ class Adaptive:
             self._due()
         return True
 
-    def measured(self, samples: list[Sample], now: float) -> None:
-        """A PUBACK measured the link. When full resolution turns out not to fit before a batch closed
-        (the first minute of a connection: the link was unknown when the batch taken before connecting
-        went raw), summarising starts now, from the open batch's ``samples``: what is left of raw batches
-        waits, rather than hold the first summary back for as long as the link takes them (20 s and more
-        at 150 B/s). ``now``: wall clock."""
-        if self.active or not self.meter.trusted() or not self.meter.weak():
-            return  # one PUBACK's figure is no evidence (a far link's latency, a burst): a few seconds' is
-        self._flag(True)
-        self._window, self._start = None, now
-        if samples:
-            window = self._window = Window()
-            for sample in samples:
-                window.add(sample)
-            step = (samples[-1].timestamp - samples[0].timestamp) / max(1, len(samples) - 1)
-            self._start = samples[0].timestamp - step
-            self._size(window)
-            self._due()
-
     def add(self, sample: Sample) -> None:
         """A sample taken by the forwarder: into the open window while weak."""
         if not self.active:

@@ -202,10 +202,6 @@ class LinkMeter:
         budget = min(self.budget(), cap) if cap and self.budget() else self.budget()
         return bool(budget and self.need > headroom * budget)
 
-    def trusted(self) -> bool:
-        """Whether the capacity rests on enough busy time to size the window (and to act on)."""
-        return self._trusted()
-
     def _trusted(self) -> bool:
         return sum(t for _, t in self._busy) >= TRUSTED * self.keepalive
 

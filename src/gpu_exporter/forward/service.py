@@ -755,8 +755,6 @@ class Forwarder:
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         self.meter.acked(mid, self._clock(), self.link.status_rtt)
         self._stalled = ""  # the broker answers
-        if self.link.up:  # the link measured too thin before a batch closed: summaries from now on
-            self.adaptive.measured(self._open.samples, time.time())
         if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
