@@ -210,7 +210,10 @@ class LinkMeter:
         if not self._trusted():
             return self.first_window
         window = self.capacity * PACE * self.keepalive
-        if self.tcp_rto:  # nor more than TCP's timer allows: no spurious retransmissions
+        # nor more than TCP's timer allows: fewer spurious retransmissions. Only where TCP sees a slow path
+        # itself: on loopback, or behind a proxy, its timer stays near its 200 ms minimum, and a capacity
+        # measured low on a loaded machine would shrink the window to a packet for nothing.
+        if self.tcp_rto >= 1.0:
             window = min(window, self.capacity * self.tcp_rto)
         return max(MIN_WINDOW, int(window))
 
