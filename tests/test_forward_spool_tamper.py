@@ -216,6 +216,26 @@ def test_a_garbage_wal_is_counted_with_its_size_and_kept_aside(tmp_path: Path, w
     assert again.wal_damaged == 0  # counted once: SQLite started a sound WAL over it
 
 
+def test_a_wal_damaged_in_its_last_frame_only_is_counted(tmp_path: Path) -> None:
+    """The last frame holds the last commit: a bit flipped there (a torn write on power loss) makes SQLite
+    drop that commit, so it is counted like damage anywhere else."""
+    wal = _killed_with_a_wal(tmp_path / "spool")
+    size = wal.stat().st_size
+    frame = 24 + 4096
+    assert (size - 32) % frame == 0
+    with open(wal, "r+b") as handle:
+        handle.seek(size - 100)  # inside the last frame's page
+        byte = handle.read(1)[0]
+        handle.seek(size - 100)
+        handle.write(bytes([byte ^ 0xFF]))
+    damage = check_wal(str(wal))
+    assert damage is not None and damage.offset == size - frame
+    spool = Spool(str(tmp_path / "spool"), 1 << 30, 1e9)
+    spool.open()
+    assert spool.wal_damaged == 1 and spool.rejected == {"wal": 1} and spool.wal_lost_bytes == frame
+    spool.close()
+
+
 def test_frames_left_over_from_before_a_wal_restart_are_no_damage(tmp_path: Path) -> None:
     """After a checkpoint SQLite writes the WAL again from its start with new salts: the older frames
     behind the new ones are what every busy spool has, not a loss."""
