@@ -133,7 +133,7 @@ def test_a_raw_key_that_is_not_text_is_moved_aside_and_counted_and_the_rest_stil
         (3, None, "ab/cd/0123456789abcdef0123456789ab.val", "text"),
         (1, 12345, None, "not_bytes"),
         (9, b"x", None, "mode"),
-        (2, None, "../../outside", "file"),
+        (2, None, "../outside", "file"),  # the file below, beside the spool directory
     ],
 )
 def test_a_row_in_any_other_form_is_moved_aside_and_counted_by_reason(

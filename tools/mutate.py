@@ -647,6 +647,17 @@ MUTANTS += (
         ),
     ),
     *_area(
+        "web",
+        Mutant(
+            "web-evicts-best-ranked-check",
+            "src/gpu_exporter/web/server.py",
+            "            return max(queued, key=lambda c: c.job.order if c.job is not None else (0, 0.0, 0))\n",
+            "            return min(queued, key=lambda c: c.job.order if c.job is not None else (0, 0.0, 0))\n",
+            ("tests/test_web_rules.py::test_at_the_cap_a_password_check_queued_first_keeps_its_connection",),
+            "at the cap the connection whose password check ranks first (a scraper's) is closed, not the flood's last",
+        ),
+    ),
+    *_area(
         "spool",
         Mutant(
             "spool-unpickles-pickle-rows",
@@ -664,6 +675,14 @@ MUTANTS += (
             "        if not isinstance(filename, str):\n            return None\n",
             (f"{_TAMPER}::test_a_row_in_any_other_form_is_moved_aside_and_counted_by_reason",),
             "a row's file name is read whatever it is: ../../etc/shadow ends up in a batch",
+        ),
+        Mutant(
+            "spool-removes-file-outside",
+            "src/gpu_exporter/forward/spool_disk.py",
+            "        if isinstance(file_path, str) and _FILENAME.fullmatch(file_path):\n",
+            "        if isinstance(file_path, str):\n",
+            (f"{_TAMPER}::test_a_row_in_any_other_form_is_moved_aside_and_counted_by_reason",),
+            "deleting a planted row removes the file it names: ../../outside is deleted as the agent",
         ),
         Mutant(
             "spool-refused-row-not-counted",
@@ -713,6 +732,17 @@ MUTANTS += (
             (f"{_SPOOL_CLOCK}::test_an_agent_restart_counts_the_time_it_was_down_and_no_step",),
             "an agent restart within a boot adds the machine's whole uptime to every batch's age",
         ),
+        Mutant(
+            "spool-clock-below-newest-stamp",
+            "src/gpu_exporter/forward/spool_clock.py",
+            "        if newest_ms is not None and start * 1000 < newest_ms:\n",
+            "        if False:\n",
+            (
+                f"{_SPOOL_CLOCK}::"
+                "test_a_spool_without_clock_state_keeps_wall_clock_ages_and_never_goes_below_its_newest_stamp",
+            ),
+            "a wall clock set back before a start gives spooled batches negative ages: they outlive max_age",
+        ),
     ),
     *_area(
         "config",
@@ -752,6 +782,14 @@ MUTANTS += (
             "an info key 'uuid' or 'node' is served as a label: it overrides the device's or the node's own",
         ),
         Mutant(
+            "agent-info-key-dunder",
+            "src/gpu_exporter/limits.py",
+            '    if key.startswith("__"):\n        return "reserved"\n',
+            "",
+            (f"{_LIMITS}::test_info_keys_are_capped_and_reserved_or_invalid_names_never_produced",),
+            "an info key '__tmp' is served as a label (Prometheus reserves __*)",
+        ),
+        Mutant(
             "agent-info-keys-one-too-many",
             "src/gpu_exporter/limits.py",
             "            if len(out) >= MAX_INFO_KEYS:\n",
@@ -766,6 +804,30 @@ MUTANTS += (
             '    head = raw[:MAX_VALUE].decode("utf-8", "ignore")',
             (f"{_LIMITS}::test_a_long_value_is_cut_with_a_hash_so_two_long_values_stay_two",),
             "a long label value is cut to 256 bytes and then the hash added: 269 bytes, past the bound",
+        ),
+        Mutant(
+            "agent-series-label-bound-in-characters",
+            "src/gpu_exporter/limits.py",
+            "            if any(len(v) > MAX_VALUE // 4 for v in labels):",
+            "            if any(len(v) > MAX_VALUE for v in labels):",
+            (f"{_LIMITS}::test_values_of_few_characters_but_many_bytes_are_cut_in_every_label_of_every_sample",),
+            "a series label of 100 emoji (400 bytes) skips the cut: the bound is checked in characters",
+        ),
+        Mutant(
+            "agent-device-label-bound-in-characters",
+            "src/gpu_exporter/limits.py",
+            "        if all(len(f) <= MAX_VALUE // 4 for f in fields):\n",
+            "        if all(len(f) <= MAX_VALUE for f in fields):\n",
+            (f"{_LIMITS}::test_values_of_few_characters_but_many_bytes_are_cut_in_every_label_of_every_sample",),
+            "a device label (uuid) of 100 emoji skips the cut: the bound is checked in characters",
+        ),
+        Mutant(
+            "agent-info-value-bound-in-characters",
+            "src/gpu_exporter/limits.py",
+            "            and all(len(v) <= MAX_VALUE // 4 for v in info.values())\n",
+            "            and all(len(v) <= MAX_VALUE for v in info.values())\n",
+            (f"{_LIMITS}::test_values_of_few_characters_but_many_bytes_are_cut_in_every_label_of_every_sample",),
+            "once its keys are known, an info value of 100 emoji skips the cut: checked in characters",
         ),
         Mutant(
             "agent-inf-kept",
@@ -887,6 +949,14 @@ MUTANTS += (
             "        state.cur.add(h)\n",
             (f"{_BRIDGE_LIMITS}::test_the_fleet_budget_caps_every_node_together_and_frees_what_went_quiet",),
             "new series are not counted against the fleet budget: a flood over many names has no fleet cap",
+        ),
+        Mutant(
+            "budget-fleet-one-over",
+            "src/gpu_exporter/bridge/limits.py",
+            "        if self.total >= self.fleet:\n",
+            "        if self.total > self.fleet:\n",
+            (f"{_BRIDGE_LIMITS}::test_the_fleet_budget_caps_every_node_together_and_frees_what_went_quiet",),
+            "the fleet budget lets one series past --bridge.max-series",
         ),
         Mutant(
             "budget-quiet-node-keeps-share",
