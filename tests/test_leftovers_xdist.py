@@ -18,7 +18,20 @@ from .test_leftovers import LEAKY, TIDY, _ours
 def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedProcess[str]:
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(source.replace("TOKEN", token), encoding="utf-8")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "xdist.plugin", "-p", "no:cacheprovider"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "tests.conftest",
+        "-p",
+        "xdist.plugin",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+    ]
     cmd += ["-n", "2", str(test_file)]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
