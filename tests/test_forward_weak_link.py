@@ -35,7 +35,8 @@ from .mosquitto import Collector
 from .tcp_proxy import TcpProxy
 from .tsdb import MosquittoServer, VictoriaMetricsServer, victoria_fixture, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(150)]
+# xdist_group: time runs ten times faster here; never at the same time as the series flood
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(150), pytest.mark.xdist_group("heavy")]
 
 victoria = victoria_fixture()
 
