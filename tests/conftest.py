@@ -62,6 +62,14 @@ def pytest_collectreport(report: pytest.CollectReport) -> None:
     _fail_hidden_skip(report)
 
 
+@pytest.hookimpl(trylast=True)  # after pytest grouped the tests that share a module-scoped fixture
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """The integration tests first, in their order, then the rest in theirs: under pytest-xdist the
+    long tests (real brokers and databases, up to a minute or two each) start at once, and the short
+    ones fill the workers' gaps, instead of a minute-long test starting last and running alone."""
+    items.sort(key=lambda item: item.get_closest_marker("integration") is None)
+
+
 # --- No process outlives the suite (tests/leftovers.py, docs/testing.md) ---------------------------------
 _FIRST_SEEN: dict[int, str] = {}  # PID -> the test after which it was first seen running
 _GRACE = 3.0  # seconds a process signalled by the last test's teardown may take to exit
@@ -81,10 +89,22 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> 
             _FIRST_SEEN.setdefault(proc.pid, item.nodeid)
 
 
-@pytest.hookimpl(tryfirst=True)
+_FROM_WORKERS: list[str] = []  # under pytest-xdist, in the controller: what each worker reported
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: object) -> None:
+    """pytest-xdist's controller: a worker finished; keep the processes its own check found."""
+    found = getattr(node, "workeroutput", {}).get("leftovers", [])
+    _FROM_WORKERS.extend(f"{line}  [worker {node.gateway.id}]" for line in found)
+
+
+@pytest.hookimpl(trylast=True)  # under pytest-xdist: after the controller has stopped its workers
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the session when a process it started is still running, naming each and the test after
-    which it was first seen; then stop them all by PID, so that nothing leaks either way."""
+    which it was first seen; then stop them all by PID, so that nothing leaks either way. Under
+    pytest-xdist each worker checks its own descendants and hands what it found to the controller,
+    which reports them all."""
     left: list[leftovers.Proc] = []
     deadline = time.monotonic() + _GRACE
     while True:
@@ -94,10 +114,17 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
         if not left or time.monotonic() >= deadline:
             break
         time.sleep(0.05)
-    if not left:
+    found_here = [f"  {proc}  [first seen after {_FIRST_SEEN.get(proc.pid, 'the last test')}]" for proc in left]
+    if left:
+        leftovers.stop_descendants()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # an xdist worker: its controller reports and fails the session
+        workeroutput["leftovers"] = found_here
         return
-    lines = [f"{len(left)} process(es) started by the tests outlived them (stopped now):"]
-    lines += [f"  {proc}  [first seen after {_FIRST_SEEN.get(proc.pid, 'the last test')}]" for proc in left]
+    found_here += _FROM_WORKERS
+    if not found_here:
+        return
+    lines = [f"{len(found_here)} process(es) started by the tests outlived them (stopped now):", *found_here]
     reporter = session.config.pluginmanager.get_plugin("terminalreporter")
     if reporter is not None:
         reporter.write("\n")
@@ -105,7 +132,6 @@ def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
             reporter.write_line(line, red=True, bold=True)
     else:
         print("\n".join(lines), file=sys.stderr)
-    leftovers.stop_descendants()
     session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 

@@ -27,7 +27,8 @@ from .conftest import wait_progressing
 from .tsdb import MosquittoServer, PrometheusServer, http_get, wait_until
 
 # the flood is a fixed amount of work, waited for while it progresses; this only guards against a hang
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
+# xdist_group: never at the same time as the time-scaled weak-link tests (a minute of both cores)
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200), pytest.mark.xdist_group("heavy")]
 
 MESSAGES = 20
 SERIES = 1_000_000

@@ -133,7 +133,7 @@ def test_a_raw_key_that_is_not_text_is_moved_aside_and_counted_and_the_rest_stil
         (3, None, "ab/cd/0123456789abcdef0123456789ab.val", "text"),
         (1, 12345, None, "not_bytes"),
         (9, b"x", None, "mode"),
-        (2, None, "../../outside", "file"),
+        (2, None, "../outside", "file"),  # the file below, beside the spool directory
     ],
 )
 def test_a_row_in_any_other_form_is_moved_aside_and_counted_by_reason(
@@ -216,6 +216,26 @@ def test_a_garbage_wal_is_counted_with_its_size_and_kept_aside(tmp_path: Path, w
     assert again.wal_damaged == 0  # counted once: SQLite started a sound WAL over it
 
 
+def test_a_wal_damaged_in_its_last_frame_only_is_counted(tmp_path: Path) -> None:
+    """The last frame holds the last commit: a bit flipped there (a torn write on power loss) makes SQLite
+    drop that commit, so it is counted like damage anywhere else."""
+    wal = _killed_with_a_wal(tmp_path / "spool")
+    size = wal.stat().st_size
+    frame = 24 + 4096
+    assert (size - 32) % frame == 0
+    with open(wal, "r+b") as handle:
+        handle.seek(size - 100)  # inside the last frame's page
+        byte = handle.read(1)[0]
+        handle.seek(size - 100)
+        handle.write(bytes([byte ^ 0xFF]))
+    damage = check_wal(str(wal))
+    assert damage is not None and damage.offset == size - frame
+    spool = Spool(str(tmp_path / "spool"), 1 << 30, 1e9)
+    spool.open()
+    assert spool.wal_damaged == 1 and spool.rejected == {"wal": 1} and spool.wal_lost_bytes == frame
+    spool.close()
+
+
 def test_frames_left_over_from_before_a_wal_restart_are_no_damage(tmp_path: Path) -> None:
     """After a checkpoint SQLite writes the WAL again from its start with new salts: the older frames
     behind the new ones are what every busy spool has, not a loss."""
@@ -258,9 +278,14 @@ def test_the_agent_sends_its_spool_over_a_real_broker_without_running_a_planted_
             rejected = 'gpu_exporter_forward_spool_rejected_total{reason="pickle"}'
             assert wait_until(lambda: proc.metric(rejected) == 1, 30), proc.log()[-3000:]
             assert wait_until(lambda: collector.seqs().get("0ldb00t") == {1, 2, 3}, 30), proc.log()[-3000:]
+            # the row is refused (counted) before it is moved aside and its loss counted, and the page is
+            # rendered once per sample: under load it can show the refusal before the loss (bounded wait)
+            batches = 'gpu_exporter_forward_dropped_batches_total{reason="corrupt"}'
+            samples = 'gpu_exporter_forward_dropped_samples_total{reason="corrupt"}'
+            assert wait_until(lambda: proc.metric(batches) >= 1, 30), proc.log()[-3000:]
             metrics = proc.metrics()
-            assert metrics['gpu_exporter_forward_dropped_batches_total{reason="corrupt"}'] == 1
-            assert metrics['gpu_exporter_forward_dropped_samples_total{reason="corrupt"}'] == 4
+            assert metrics[batches] == 1
+            assert metrics[samples] == 4
         finally:
             assert proc.stop() == 0
     assert not marker.exists()

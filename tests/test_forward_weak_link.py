@@ -36,7 +36,9 @@ from .mosquitto import Collector
 from .tcp_proxy import TcpProxy
 from .tsdb import MosquittoServer, VictoriaMetricsServer, victoria_fixture
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]  # the last guard: waits end on no progress
+# xdist_group: time runs ten times faster here; never at the same time as the series flood. The timeout is
+# the last guard only: waits end when the work stops moving
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400), pytest.mark.xdist_group("heavy")]
 
 victoria = victoria_fixture()
 

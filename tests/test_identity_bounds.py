@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 
+from gpu_exporter import config as cfg
 from gpu_exporter.forward.mqtt import read_password_bytes
 
 from .conftest import child_env, exporter_cmd
@@ -81,3 +82,29 @@ def test_bounds_leave_ordinary_identities_alone(tmp_path: Path) -> None:
         environ={},
     )
     assert config.mqtt_client_id == "c" * 256
+
+
+FORWARDING = {"mqtt.url": "mqtt://127.0.0.1:1"}
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "expected"),
+    [
+        ("mqtt.client-id", "agent\x7fone", "contains control characters ('\\x7f')"),  # DEL
+        ("mqtt.username", "edge\x85user", "contains control characters ('\\x85')"),  # C1: NEL, from a paste
+        ("mqtt.client-id", "é" * 129, "258 bytes long, at most 256"),  # bytes of UTF-8, not characters
+        ("mqtt.username", "ü" * 513, "1026 bytes long, at most 1024"),
+    ],
+)
+def test_identity_options_are_bounded_in_bytes_and_refuse_every_control_character(
+    name: str, text: str, expected: str
+) -> None:
+    """The loader's own check, as every entry point (flags, environment, config file) reaches it."""
+    with pytest.raises(cfg.ConfigError) as info:
+        cfg.load({**FORWARDING, name: text}, environ={})
+    assert str(info.value) == f"--{name}: {expected}"
+
+
+def test_identities_at_their_bounds_in_any_script_are_accepted() -> None:
+    config = cfg.load({**FORWARDING, "mqtt.client-id": "é" * 128, "mqtt.username": "节" * 341}, environ={})
+    assert (len(config.mqtt_client_id.encode()), len(config.mqtt_username.encode())) == (256, 1023)

@@ -45,7 +45,19 @@ def test_starts_and_stops():
 def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedProcess[str]:
     test_file = tmp_path / "test_inner.py"
     test_file.write_text(source.replace("TOKEN", token), encoding="utf-8")
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "tests.conftest", "-p", "no:cacheprovider", str(test_file)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "-q",
+        "-p",
+        "tests.conftest",
+        "-p",
+        "no:cacheprovider",
+        "--rootdir",
+        str(tmp_path),
+        str(test_file),
+    ]
     env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the suite's conftest alone: a quick start
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
 

@@ -61,6 +61,20 @@ def test_a_long_value_is_cut_with_a_hash_so_two_long_values_stay_two() -> None:
     assert bound_value("\udcff") == "?"  # a lone surrogate is no UTF-8
 
 
+def test_values_of_few_characters_but_many_bytes_are_cut_in_every_label_of_every_sample() -> None:
+    """The bound is in bytes of UTF-8: 100 emoji are 100 characters but 400 bytes, in a device label, a
+    series' label or an info value, on the first sample and on those after (once the keys are known)."""
+    long = "\U0001f525" * 100
+    bounds = SampleBounds()
+    for seq in (1, 2):
+        device = DeviceSample(DeviceId("0", "GPU-" + long), True, {("xid_errors", (long,)): 1.0}, {"name": long})
+        out = bounds.apply(Sample(seq, 1_700_000_000.0 + seq, (device,))).devices[0]
+        ((_, (xid,)),) = out.values
+        for text in (out.device.uuid, xid, out.info["name"]):
+            assert len(text.encode()) <= MAX_VALUE and "\U0001f525" * 10 in text
+    assert _counts(bounds)["gpu_exporter_labels_limited_total{reason=value_length}"] == 6
+
+
 def test_nan_and_inf_are_dropped_and_counted_and_a_counter_going_back_is_sent_and_counted() -> None:
     bounds = SampleBounds()
     power, energy = ("power", ()), ("energy", ())

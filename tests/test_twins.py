@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.forward.twins import TwinWatch
+from gpu_exporter.forward.twins import WINDOW, TwinWatch
 
 from .agent_proc import Proc
 from .conftest import free_port
@@ -69,6 +69,22 @@ def test_a_failed_attempt_a_timeout_or_a_long_connection_breaks_the_pattern(betw
         clock.now += 5
         watch.down(loss)  # type: ignore[arg-type]
     assert _count(registry, "pattern") == 0 and _count(registry, "reason") == 0
+
+
+def test_early_losses_spread_over_more_than_the_window_are_no_twin() -> None:
+    """A broker restart now and then, each closing a fresh connection, is not a second agent; the same
+    losses close together are."""
+    registry, clock = CollectorRegistry(), Clock()
+    watch = TwinWatch(registry, "edge-1", "gpu-exporter-edge-1", clock=clock)
+    for _ in range(3):
+        clock.now += WINDOW + 1
+        watch.down((0x80, False, 3.0))
+    assert _count(registry, "pattern") == 0
+    assert registry.get_sample_value("gpu_exporter_forward_twin_suspected") == 0
+    for _ in range(2):
+        clock.now += 5
+        watch.down((0x80, False, 3.0))
+    assert _count(registry, "pattern") == 1  # the last three came within the window
 
 
 @pytest.mark.parametrize("protocol", ["5", "3.1.1"])

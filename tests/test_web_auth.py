@@ -22,7 +22,7 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter.exposition import Exposition, MetricsServer, native_view
 from gpu_exporter.web.auth import AuthState, BasicAuth, Verdict
 from gpu_exporter.web.authpool import CheckPool
-from gpu_exporter.web.ratelimit import parse_go_duration
+from gpu_exporter.web.ratelimit import RateLimiter, parse_go_duration
 from gpu_exporter.web.server import ServerCollector
 from gpu_exporter.web.webconfig import load_web_config
 
@@ -178,6 +178,19 @@ def test_rate_limit_answers_429_past_the_burst_and_spares_the_probes(serve: Any,
         for sample in family.samples
     }
     assert refused == {"rate_limit": 2, "password_checks": 0}
+
+
+def test_rate_limit_lets_exactly_its_burst_through_and_an_idle_hour_refills_no_more() -> None:
+    """Go's rate.Limiter: ``burst`` requests at once, then one per interval; tokens never pile up past
+    ``burst``, however long nobody asked."""
+    now = [0.0]
+    limiter = RateLimiter(interval=10.0, burst=3, clock=lambda: now[0])
+    assert [limiter.allow() for _ in range(4)] == [True, True, True, False]
+    now[0] += 10.0  # one interval: one token
+    assert [limiter.allow() for _ in range(2)] == [True, False]
+    now[0] += 3600.0  # a quiet hour: the bucket is full again, not 360 deep
+    assert [limiter.allow() for _ in range(4)] == [True, True, True, False]
+    assert limiter.refused == 3
 
 
 def test_every_key_of_the_exporter_toolkit_is_taken(serve: Any, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import base64
 import gzip
 import socket
+import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -13,6 +14,7 @@ from pathlib import Path
 import bcrypt
 import pytest
 
+from gpu_exporter.web import auth as auth_module
 from gpu_exporter.web.server import Limits, Site, WebServer, accepts_gzip
 from gpu_exporter.web.webconfig import load_web_config
 
@@ -96,6 +98,42 @@ def test_at_the_cap_the_connection_waiting_longest_makes_room_not_the_newest(sta
             conn.sendall(b"ics HTTP/1.1\r\nHost: x\r\n\r\n")
             assert _answer(conn).startswith(b"HTTP/1.1 200"), "a newer connection was closed instead"
     finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_at_the_cap_a_password_check_queued_first_keeps_its_connection(
+    start: Start, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Every slot holds a request whose password is being checked or waits for the check pool: a newcomer
+    closes the connection whose check ranks lowest (the pair that came last), so a scraper queued behind
+    one slow check is still answered. The check waits on a gate, so that the order is the test's."""
+    gate = threading.Event()
+    real = auth_module._checkpw
+
+    def gated(password: bytes, hashed: bytes) -> bool:
+        gate.wait(10)
+        return real(password, hashed)
+
+    monkeypatch.setattr(auth_module, "_checkpw", gated)
+    srv = start(Limits(max_connections=3, read_timeout=30.0, idle_timeout=30.0), users={"prometheus": "right"})
+    pool = srv.auth_state.pool
+    conns = []
+    try:
+        for i, pair in enumerate([b"intruder:x1", b"prometheus:right", b"intruder:x2"]):
+            conn = socket.create_connection(("127.0.0.1", srv.port), timeout=5)
+            header = b"Authorization: Basic " + base64.b64encode(pair) + b"\r\n"
+            conn.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + header + b"\r\n")
+            conns.append(conn)
+            assert wait_for(lambda n=i + 1: pool.checks + pool.queued() == n, 10)  # one runs, the rest wait
+        conns.append(socket.create_connection(("127.0.0.1", srv.port), timeout=5))  # at the cap
+        assert wait_for(lambda: srv.stats.evicted == 1, 10)
+        assert _closed_by_server(conns[2], 5), "the last pair's connection was not the one closed"
+        gate.set()
+        assert _answer(conns[1]).startswith(b"HTTP/1.1 200"), "the scraper's connection was closed instead"
+        assert _answer(conns[0]).startswith(b"HTTP/1.1 401")
+    finally:
+        gate.set()
         for conn in conns:
             conn.close()
 
