@@ -112,7 +112,7 @@ class LinkMeter:
                 registry=registry,
             )
             self.summary_window = Gauge(
-                p + "summary_window_seconds",
+                p + "summaries_window_seconds",
                 "Length of the last fresh summary's window while summarising (0 when not): as long as the link requires.",
                 registry=registry,
             )
