@@ -4,6 +4,7 @@ tests/test_forward_weak_link.py runs the whole path through a slow link)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 from typing import Any
 
@@ -183,22 +184,88 @@ def test_max_rate_spaces_publishes_by_their_size() -> None:
     assert LinkMeter(None).allowed(0.0)  # no cap
 
 
-def test_the_summary_window_grows_as_the_link_shrinks() -> None:
+def link_of(rate: float) -> LinkMeter:
+    """A meter that measured ``rate`` bytes per second (one 1000-byte PUBLISH acknowledged)."""
     meter = LinkMeter(None)
+    meter.sent(1, 1000, 0.0)
+    meter.acked(1, 1000 / rate, latency=0.0)
+    return meter
+
+
+def gpus(seq: int, n: int = 8) -> Sample:
+    """``n`` GPUs whose gauges move every second and whose counters climb (NVLink bytes, energy)."""
+    devices = []
+    for g in range(n):
+        values = {("temp_gpu", ()): 50.0 + (seq * 7 + g) % 23, ("power", ()): 300.0 + (seq * 13 + g) % 97}
+        values[("energy", ())] = 1000.0 * seq + g
+        for link in range(4):
+            values[("nvlink_tx", (str(link),))] = 4096.0 * seq * (link + 1) + g
+        values[("xid_errors", ("79",))] = 0.0
+        devices.append(DeviceSample(DeviceId(str(g), f"GPU-{g}"), True, values, {"name": "sim"}))
+    return Sample(seq, T0 + seq, tuple(devices))
+
+
+def run_weak(adaptive: Adaptive, seconds: int, rate: float) -> list[tuple[Sample, float, float]]:
+    """Samples a second apart into a weak forwarder's adaptive part (the first batch of 10 starts the
+    window), on a link that takes a summary in its size over ``rate`` seconds: the fresh summaries made,
+    as (point, window seconds, time it was made)."""
+    adaptive.rate = rate  # what earlier summaries measured, end to end
+    first = [gpus(s) for s in range(1, 11)]
+    assert adaptive.closed(first, [entry(1, 9000)], 10.0, connected=True)  # weak: the raw batch waits
+    made: list[tuple[Sample, float, float]] = []
+    arrives = -1.0
+    for seq in range(11, seconds + 1):
+        now = T0 + seq
+        if adaptive._delivery is not None and now >= arrives:
+            adaptive._delivery = None  # its last part acknowledged
+        adaptive.add(gpus(seq))
+        if adaptive._pending is not None:
+            point, span, _ = adaptive._pending
+            made.append((point, span, now))
+            size = len(encode_summary("node-a", "boot-1", [point], span))
+            adaptive._pending, adaptive._delivery = None, [now, size, set(), True]  # on the link
+            arrives = now + size / rate
+    return made
+
+
+@pytest.mark.parametrize("rate", [400.0, 40.0, 1.5])
+def test_a_window_closes_when_the_link_has_taken_the_last_summary_and_not_before(rate: float) -> None:
+    """Windows of a batch interval where the link takes a summary sooner, as long as the link takes one
+    where it is slower (no cap of 16 intervals), closed at the sample where they are due."""
+    meter = link_of(rate)
+    meter.produced(9000, 10.0)  # full resolution: 900 B/s, more than any of these links
     adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
-    meter.sent(1, 10, 0.0)
-    meter.acked(1, 1.0, latency=0.0)  # 10 B/s: less than one summary (~150 bytes) per interval
-    seq = 0
-    factors = []
-    for _ in range(12):
-        samples = [sample(seq := seq + 1, 60.0, float(seq)) for _ in range(10)]
-        assert adaptive.closed(samples, [entry(seq, 5000)], 10.0, connected=True)  # weak: the raw batch waits
-        factors.append(adaptive.factor)
-    assert factors[-1] > 1
-    assert adaptive.emitted < 12
-    spans = [decode(d).summary_ms for d in adaptive.queue]
-    assert spans[-1] > spans[0]
-    assert not adaptive.closed([sample(seq + 1, 60.0, 0.0)], [entry(seq + 1, 5000)], 10.0, connected=False)
+    made = run_weak(adaptive, 1200 if rate > 2 else 4000, rate)
+    assert len(made) >= 3, made
+    for (point, _, _), (_, span, _) in itertools.pairwise(made):
+        took = len(encode_summary("node-a", "boot-1", [point], 10.0)) / rate
+        assert max(10.0, took) - 1.0 <= span <= max(10.0, took) + 2.0  # the next window: until the link took it
+    if rate == 1.5:
+        assert max(span for _, span, _ in made) > 16 * 10.0  # past the former cap of 16 batch intervals
+    if rate == 400.0:
+        assert adaptive.every == 1  # the whole summary fits within two batch intervals: all counters go
+        assert all(("energy:last", ()) in d.values for p, _, _ in made for d in p.devices)
+        assert {span for _, span, _ in made[1:]} == {10.0}
+
+
+def test_on_a_link_too_thin_for_whole_summaries_counters_go_in_turns_and_alerts_in_every_window() -> None:
+    meter = link_of(20.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    made = run_weak(adaptive, 2000, 20.0)
+    assert adaptive.every > 1
+    k = adaptive.every
+    tail_points = [p for p, _, _ in made[-2 * k :]]
+    for point in tail_points:
+        with_counters = [d for d in point.devices if ("energy:last", ()) in d.values]
+        assert len(with_counters) <= -(-8 // k)  # a share of the devices only
+        for dev in point.devices:  # gauges, and the counters an alert waits for, in every window
+            assert ("temp_gpu:max", ()) in dev.values and ("xid_errors:last", ("79",)) in dev.values
+    covered = {d.device.uuid for p in tail_points for d in p.devices if ("energy:last", ()) in d.values}
+    assert covered == {f"GPU-{g}" for g in range(8)}  # every device's counters within k windows
+    lean = len(encode_summary("node-a", "boot-1", [tail_points[-1]], 10.0))
+    whole = summarize([gpus(s) for s in range(1, 30)])
+    assert lean < 0.9 * len(encode_summary("node-a", "boot-1", [whole], 10.0))  # and it buys bytes
 
 
 def test_tail_shows_a_summary_under_the_names_the_bridge_writes() -> None:
@@ -264,3 +331,26 @@ def test_batches_closed_during_an_outage_are_summarised_on_reconnect_without_rea
     peaks = [s.devices[0].values.get(("temp_gpu:max", ())) for s in batch.samples]
     assert peaks == [None, 95.0, None, None]  # windows that held still send their last value only
     assert [s.seq for s in batch.samples] == [10, 20, 30, 40]
+
+
+def test_no_raw_batch_goes_ahead_of_a_summary_that_is_due() -> None:
+    """On a link slower than a summary per batch interval, each window is past its end by the time the
+    link has taken the previous summary: the next one is due with the next sample. A raw batch sent in
+    that moment would hold it back (8 s a time at 150 B/s, the cloud's lag that much longer)."""
+    meter = link_of(150.0)
+    meter.produced(9000, 10.0)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    adaptive.rate = 150.0
+    first = [gpus(s) for s in range(1, 11)]
+    assert adaptive.closed(first, [entry(1, 9000)], 10.0, connected=True)
+    adaptive.add(gpus(11))
+    assert adaptive._pending is not None  # the first window closed
+    adaptive._pending, adaptive._delivery = None, [T0 + 11, 2500, {7}, True]  # on the link for 17 s
+    for seq in range(12, 29):
+        adaptive.add(gpus(seq))
+    assert adaptive._pending is None  # past its end, waiting for the link
+    now = T0 + 28.5
+    assert adaptive.next_due(now) == 0.0
+    assert not adaptive.raw_allowed(500, now, adaptive.next_due(now))  # 3 s of the link: not now
+    assert adaptive.next_due(T0 + 60) == 10.0  # no sample for a batch interval: sampling paused
+    assert adaptive.raw_allowed(500, T0 + 60, adaptive.next_due(T0 + 60))

@@ -1,72 +1,71 @@
-"""The summary window on a weak link (docs/forwarding.md, "Weak links"): it widens as the link shrinks,
-but never past 16 batch intervals, so the cloud hears from a node at least that often however thin
-its link; and it narrows again as the link recovers. The forwarder's timing is passed in by hand."""
+"""The summary window on a weak link (docs/forwarding.md, "Weak links"): a window closes once it spans a
+batch interval and the link has taken the previous summary, so it is as long as the link requires (no cap
+of 16 batch intervals: a cap would only queue summaries behind each other on a link that cannot carry
+them), and it narrows again as the link recovers. The forwarder's timing is passed in by hand: samples a
+second apart, each summary on the link for its size over the link's rate."""
 
 from __future__ import annotations
 
 from gpu_exporter.forward.adaptive import Adaptive
-from gpu_exporter.forward.batch import decode
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.spool import Entry
+from gpu_exporter.forward.summary import encode_summary
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 INTERVAL = 10.0  # --mqtt.batch-interval
-LONGEST = 16 * INTERVAL  # the documented cap on a summary window
-RAW_BATCH = 5000  # payload bytes of one full-resolution batch: 500 B/s
+T0 = 1e9
 
 
-def _measure(meter: LinkMeter, rate: float, start: float, times: int = 12) -> float:
-    """PUBACKs that show the link carrying ``rate`` bytes per second; the time after them."""
-    now = start
-    for mid in range(times):
-        meter.sent(1000 + mid, 100, now)
-        now += 100 / rate
-        meter.acked(1000 + mid, now, latency=0.0)
-    return now
+def _sample(seq: int) -> Sample:
+    values = {("temp_gpu", ()): 60.0 + seq % 7, ("power", ()): 200.0 + seq % 5, ("energy", ()): 100.0 * seq}
+    return Sample(seq, T0 + seq, (DeviceSample(DeviceId("0", "GPU-0"), True, values, {}),))
 
 
-class Node:
-    """Closes one full-resolution batch per interval into ``adaptive``, as the forwarder does."""
+class Link:
+    """Fresh summaries on a link of ``rate`` bytes per second, one after the other."""
 
-    def __init__(self, adaptive: Adaptive) -> None:
-        self.adaptive = adaptive
-        self.seq = 0
+    def __init__(self, rate: float) -> None:
+        self.meter = LinkMeter(None)
+        self.meter.sent(1, 1000, 0.0)
+        self.meter.acked(1, 1000 / rate, latency=0.0)
+        self.meter.produced(9000, INTERVAL)  # full resolution: 900 B/s, more than these links
+        self.adaptive = Adaptive("node-a", "boot-1", self.meter, INTERVAL)
+        self.adaptive.rate = rate
+        first = [_sample(s) for s in range(1, 11)]
+        assert self.adaptive.closed(first, [Entry(1, 0, 9000, 1, 10, 10)], INTERVAL, connected=True)
+        self.seq = 10
+        self.arrives = 0.0
 
-    def batches(self, n: int) -> list[float]:
-        """Close ``n`` batches; the windows (seconds) of the summaries they produced."""
-        queued = len(self.adaptive.queue)
-        for _ in range(n):
-            samples = []
-            for _ in range(5):
-                self.seq += 1
-                values = {("temp_gpu", ()): 60.0 + self.seq % 7, ("power", ()): 200.0 + self.seq % 5}
-                samples.append(
-                    Sample(self.seq, 1e9 + self.seq * 2.0, (DeviceSample(DeviceId("0", "GPU-0"), True, values, {}),))
-                )
-            entry = Entry(self.seq, 0, RAW_BATCH, self.seq - 4, self.seq, 5)
-            assert self.adaptive.closed(samples, [entry], INTERVAL, connected=True), "not weak: raw went ahead"
-        made = list(self.adaptive.queue)[queued:]
-        return [decode(data).summary_ms / 1000 for data in made]
+    def run(self, seconds: int, rate: float) -> list[float]:
+        """``seconds`` more samples on a link of ``rate`` B/s; the windows (seconds) of the summaries made."""
+        self.adaptive.rate = rate
+        windows = []
+        for _ in range(seconds):
+            self.seq += 1
+            now = T0 + self.seq
+            if self.adaptive._delivery is not None and now >= self.arrives:
+                self.adaptive._delivery = None  # its last part acknowledged
+            self.adaptive.add(_sample(self.seq))
+            if self.adaptive._pending is not None:
+                point, span, _ = self.adaptive._pending
+                windows.append(span)
+                size = len(encode_summary("node-a", "boot-1", [point], span))
+                self.adaptive._pending, self.adaptive._delivery = None, [now, size, set(), True]
+                self.arrives = now + size / rate
+        return windows
 
 
-def test_on_a_link_of_1_byte_a_second_the_window_stops_at_16_intervals() -> None:
-    meter = LinkMeter(None)
-    _measure(meter, 1.0, 0.0)
-    node = Node(Adaptive("node-a", "boot-1", meter, INTERVAL))
-    windows = node.batches(200)  # over half an hour of batches
-    assert windows, "no summary at all"
-    assert max(windows) <= LONGEST * 1.001, windows
-    assert windows[-3:] == [LONGEST] * 3  # it did grow all the way, and stays there
-    # a summary at least every 16 intervals: 200 batches give at least 200 / 16 of them
-    assert len(windows) >= 200 // 16
+def test_on_a_link_far_too_thin_the_window_is_as_long_as_the_link_takes_a_summary() -> None:
+    link = Link(0.5)
+    windows = link.run(4000, 0.5)
+    assert len(windows) >= 3, windows
+    assert max(windows) > 16 * INTERVAL  # the link requires it: one summary at a time, never a queue of them
+    assert not link.adaptive.queue
 
 
 def test_the_window_narrows_again_as_the_link_recovers() -> None:
-    meter = LinkMeter(None)
-    now = _measure(meter, 1.0, 0.0)
-    node = Node(Adaptive("node-a", "boot-1", meter, INTERVAL))
-    assert node.batches(120)[-1] == LONGEST
-    _measure(meter, 400.0, now)  # still short of the 500 B/s full resolution takes, but summaries fit easily
-    windows = node.batches(60)
+    link = Link(1.0)
+    assert link.run(2000, 1.0)[-1] > 4 * INTERVAL
+    windows = link.run(300, 400.0)  # still short of full resolution, but summaries fit easily
     assert windows[-1] == INTERVAL, windows  # back to one summary per batch interval
-    assert windows == sorted(windows, reverse=True)
+    assert windows[-5:] == [INTERVAL] * 5

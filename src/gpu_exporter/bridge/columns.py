@@ -65,6 +65,7 @@ class ColumnBatch:
     devices: list[ColumnDevice]
     summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
+    part: str = ""  # some devices or series of its samples only (forward/split.py): the part's name
 
 
 def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
@@ -175,7 +176,7 @@ def from_document(doc: Any) -> ColumnBatch:
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         gaps = any(None in col for col in decoded if col is not None)
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
-    batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
+    batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms, part=header.part)
     _check_encodable(batch)
     return batch
 

@@ -1,5 +1,8 @@
 """The preset dictionaries of the payload's zlib framing (docs/payload.md): ``ZDICT`` for what the
-encoder writes (version 3), ``ZDICT_V2`` for batches of version 2 agents still to be read.
+encoder writes (version 3), ``ZDICT_SUMMARY`` for summary batches (version 3 with ``summary_ms``: the
+``<key>:<stat>`` list of an NVIDIA GPU's summary, which the plain dictionary does not hold and which
+costs a summary of 8 GPUs some 650 bytes without it), ``ZDICT_V2`` for batches of version 2 agents still
+to be read.
 
 Frozen with the payload version: a reader needs these exact bytes to inflate what the encoder wrote, so
 any edit is a new payload version. A zlib header names its dictionary by Adler-32, so a reader picks the
@@ -62,3 +65,58 @@ ZDICT = (
     + _MIDDLE
     + b'[1,1,1,1,1,1,1,1,1,1,1,1],"columns":[0,1,null,{"ref":9,"sign":-1,"add":[0,0,0,0,0,0,0],[10,[11,[12,[13,[14,[22,1024,[20,4096,[20,1000000,[30,'
 )
+
+# A summary's metric list as summaries of a simulated NVIDIA GPU write it (gauges that moved: last, min,
+# max, mean; the rest: last), then the field that follows it in a summary document.
+_SUMMARY_KEYS = (
+    b'["clock_max_graphics:last",[]],["clock_max_sm:last",[]],["clock_max_memory:last",[]],["clock_max_vid'
+    b'eo:last",[]],["utilization:last",[]],["utilization:min",[]],["utilization:max",[]],["utilization:mea'
+    b'n",[]],["memory_utilization:last",[]],["memory_utilization:min",[]],["memory_utilization:max",[]],["'
+    b'memory_utilization:mean",[]],["encoder_utilization:last",[]],["encoder_utilization:min",[]],["encode'
+    b'r_utilization:max",[]],["encoder_utilization:mean",[]],["decoder_utilization:last",[]],["decoder_uti'
+    b'lization:min",[]],["decoder_utilization:max",[]],["decoder_utilization:mean",[]],["memory_total:last'
+    b'",[]],["memory_used:last",[]],["memory_used:min",[]],["memory_used:max",[]],["memory_used:mean",[]],'
+    b'["memory_free:last",[]],["memory_free:min",[]],["memory_free:max",[]],["memory_free:mean",[]],["memo'
+    b'ry_reserved:last",[]],["temp_gpu:last",[]],["temp_gpu:min",[]],["temp_gpu:max",[]],["temp_gpu:mean",'
+    b'[]],["temp_memory:last",[]],["temp_memory:min",[]],["temp_memory:max",[]],["temp_memory:mean",[]],["'
+    b'power:last",[]],["power:min",[]],["power:max",[]],["power:mean",[]],["power_limit:last",[]],["energy'
+    b':last",[]],["clock_graphics:last",[]],["clock_graphics:min",[]],["clock_graphics:max",[]],["clock_gr'
+    b'aphics:mean",[]],["clock_sm:last",[]],["clock_sm:min",[]],["clock_sm:max",[]],["clock_sm:mean",[]],['
+    b'"clock_memory:last",[]],["clock_video:last",[]],["clock_video:min",[]],["clock_video:max",[]],["cloc'
+    b'k_video:mean",[]],["performance_state:last",[]],["clock_event_reason:last",["gpu_idle"]],["clock_eve'
+    b'nt_reason:last",["applications_clocks_setting"]],["clock_event_reason:last",["sw_power_cap"]],["cloc'
+    b'k_event_reason:last",["hw_slowdown"]],["clock_event_reason:last",["sync_boost"]],["clock_event_reaso'
+    b'n:last",["sw_thermal_slowdown"]],["clock_event_reason:last",["hw_thermal_slowdown"]],["clock_event_r'
+    b'eason:last",["hw_power_brake_slowdown"]],["clock_event_seconds_power:last",[]],["clock_event_seconds'
+    b'_thermal:last",[]],["pcie_tx:last",[]],["pcie_tx:min",[]],["pcie_tx:max",[]],["pcie_tx:mean",[]],["p'
+    b'cie_rx:last",[]],["pcie_rx:min",[]],["pcie_rx:max",[]],["pcie_rx:mean",[]],["pcie_replay:last",[]],['
+    b'"pcie_link_generation:last",[]],["pcie_link_width:last",[]],["ecc_corrected_volatile:last",[]],["ecc'
+    b'_corrected_aggregate:last",[]],["ecc_uncorrected_volatile:last",[]],["ecc_uncorrected_aggregate:last'
+    b'",[]],["remapped_rows_correctable:last",[]],["remapped_rows_uncorrectable:last",[]],["remapped_rows_'
+    b'pending:last",[]],["remapped_rows_failure:last",[]],["nvlink_tx:last",["0"]],["nvlink_rx:last",["0"]'
+    b'],["nvlink_tx:last",["1"]],["nvlink_rx:last",["1"]],["nvlink_tx:last",["2"]],["nvlink_rx:last",["2"]'
+    b'],["nvlink_tx:last",["3"]],["nvlink_rx:last",["3"]],["nvlink_tx:last",["4"]],["nvlink_rx:last",["4"]'
+    b'],["nvlink_tx:last",["5"]],["nvlink_rx:last",["5"]],["nvlink_tx:last",["6"]],["nvlink_rx:last",["6"]'
+    b'],["nvlink_tx:last",["7"]],["nvlink_rx:last",["7"]],["nvlink_tx:last",["8"]],["nvlink_rx:last",["8"]'
+    b'],["nvlink_tx:last",["9"]],["nvlink_rx:last",["9"]],["nvlink_tx:last",["10"]],["nvlink_rx:last",["10'
+    b'"]],["nvlink_tx:last",["11"]],["nvlink_rx:last",["11"]],["nvlink_tx:last",["12"]],["nvlink_rx:last",'
+    b'["12"]],["nvlink_tx:last",["13"]],["nvlink_rx:last",["13"]],["nvlink_tx:last",["14"]],["nvlink_rx:la'
+    b'st",["14"]],["nvlink_tx:last",["15"]],["nvlink_rx:last",["15"]],["nvlink_tx:last",["16"]],["nvlink_r'
+    b'x:last",["16"]],["nvlink_tx:last",["17"]],["nvlink_rx:last",["17"]],["processes:last",[]],["processe'
+    b's_memory:last",[]],["xid_errors:last",["48"]],["xid_errors:last",["63"]],["xid_errors:last",["64"]],'
+    b'["xid_errors:last",["74"]],["xid_errors:last",["79"]],["xid_errors:last",["92"]],["xid_errors:last",'
+    b'["94"]],["xid_errors:last",["95"]],["xid_last:last",[]],["health:last",["xid"]],["health:last",["mem'
+    b'ory"]],["health:last",["pcie"]],["health:last",["thermal"]],["health:last",["power"]],["sm_active:la'
+    b'st",[]],["sm_active:min",[]],["sm_active:max",[]],["sm_active:mean",[]],["sm_occupancy:last",[]],["s'
+    b'm_occupancy:min",[]],["sm_occupancy:max",[]],["sm_occupancy:mean",[]],["tensor_active:last",[]],["te'
+    b'nsor_active:min",[]],["tensor_active:max",[]],["tensor_active:mean",[]],["dram_active:last",[]],["dr'
+    b'am_active:min",[]],["dram_active:max",[]],["dram_active:mean",[]],["fp64_active:last",[]],["fp64_act'
+    b'ive:min",[]],["fp64_active:max",[]],["fp64_active:mean",[]],["fp32_active:last",[]],["fp32_active:mi'
+    b'n",[]],["fp32_active:max",[]],["fp32_active:mean",[]],["fp16_active:last",[]],["fp16_active:min",[]]'
+    b',["fp16_active:max",[]],["fp16_active:mean",[]],["performance_state:min",[]],["performance_state:max'
+    b'",[]],["performance_state:mean",[]],["clock_event_reason:min",["gpu_idle"]],["clock_event_reason:max'
+    b'",["gpu_idle"]],["clock_event_reason:mean",["gpu_idle"]],["clock_event_reason:min",["sw_power_cap"]]'
+    b',["clock_event_reason:max",["sw_power_cap"]],["clock_event_reason:mean",["sw_power_cap"]],"summary_m'
+    b's":'
+)
+ZDICT_SUMMARY = ZDICT + _SUMMARY_KEYS

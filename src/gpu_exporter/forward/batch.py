@@ -26,7 +26,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, NamedTuple
 
-from gpu_exporter.forward._zdict import ZDICT, ZDICT_V2
+from gpu_exporter.forward._zdict import ZDICT, ZDICT_SUMMARY, ZDICT_V2
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 
 __all__ = [
@@ -52,10 +52,13 @@ DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # compressed input and inflated JSON, each
 MAX_SCALE = 9  # decimal places a delta column may carry
 _SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
 _GZIP_MAGIC = b"\x1f\x8b"
-_ZDICTS = {zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_V2)}  # by the id a zlib header names
+_ZDICTS = {
+    zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_SUMMARY, ZDICT_V2)
+}  # by the id a zlib header names
 _KEY = re.compile(r"^[a-z][a-z0-9_]*$")
 _SUMMARY_KEY = re.compile(r"^[a-z][a-z0-9_]*:(min|max|mean|last)$")  # in a summary batch (summary_ms set)
 _MAX_WINDOW_MS = 366 * 86400 * 1000
+_PART = re.compile(r"^[0-9a-f]{16}$")  # a part's name (forward/split.py): 8 bytes of a hash, in hex
 _MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
 _ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
 _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
@@ -78,6 +81,7 @@ class Batch:
     boot: str
     samples: tuple[Sample, ...]
     summary_ms: int = 0  # a summary batch (forward/summary.py): its window in ms; 0 for full resolution
+    part: str = ""  # some devices (or series) of its samples only (forward/split.py): its name; "" for all
 
     @property
     def first_seq(self) -> int:
@@ -112,6 +116,7 @@ class Header(NamedTuple):
     times_ms: tuple[int, ...]
     version: int = VERSION
     summary_ms: int = 0
+    part: str = ""
 
     @property
     def first_seq(self) -> int:
@@ -147,7 +152,8 @@ def encode(batch: Batch, compress: bool = True, level: int = 9) -> bytes:
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     if not compress:
         return text
-    deflater = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
+    zdict = ZDICT_SUMMARY if batch.summary_ms else ZDICT
+    deflater = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
     return deflater.compress(text) + deflater.flush()
 
 
@@ -166,6 +172,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
 
     if batch.summary_ms and not 0 < batch.summary_ms <= _MAX_WINDOW_MS:
         raise ValueError(f"summary window of {batch.summary_ms} ms is out of range")
+    if batch.part and not _PART.match(batch.part):
+        raise ValueError(f"part name {batch.part!r} is not 16 lowercase hex digits")
     key_re = _SUMMARY_KEY if batch.summary_ms else _KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
@@ -223,6 +231,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
     }
     if batch.summary_ms:
         doc["summary_ms"] = batch.summary_ms
+    if batch.part:
+        doc["part"] = batch.part
     return doc
 
 
@@ -533,7 +543,7 @@ def _reject_constant(name: str) -> Any:
 _REQUIRED_TOP_KEYS = frozenset(
     ("format", "version", "node", "boot", "first_seq", "last_seq", "seq", "time_ms", "metrics", "devices")
 )
-_TOP_KEYS = _REQUIRED_TOP_KEYS | {"summary_ms"}
+_TOP_KEYS = _REQUIRED_TOP_KEYS | {"summary_ms", "part"}
 _DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
 
 
@@ -582,7 +592,7 @@ def from_document(doc: Any) -> Batch:
             per_sample[i].append(DeviceSample(device, bool(up[i]), values, dict(info)))
 
     samples = tuple(Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n))
-    return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms)
+    return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms, part=header.part)
 
 
 def _header(doc: Any) -> Header:
@@ -597,6 +607,10 @@ def _header(doc: Any) -> Header:
     summary_ms = _int("summary_ms", doc["summary_ms"]) if "summary_ms" in doc else 0
     if "summary_ms" in doc and not 0 < summary_ms <= _MAX_WINDOW_MS:
         raise PayloadError(f"summary_ms must be 1 to {_MAX_WINDOW_MS}, got {summary_ms}")
+    part = doc.get("part", "")
+    if "part" in doc and (not isinstance(part, str) or not _PART.match(part)):
+        got = repr(part[:40]) if isinstance(part, str) else _jtype(part)
+        raise PayloadError(f"part must be a name of 16 lowercase hex digits, got {got}")
     node = _text("node", doc["node"])
     boot = _text("boot", doc["boot"])
     seqs = _undelta("seq", doc["seq"])
@@ -615,7 +629,7 @@ def _header(doc: Any) -> Header:
     for field in ("metrics", "devices"):
         if not isinstance(doc[field], list):
             raise PayloadError(f"{field} must be an array, not {_jtype(doc[field])}")
-    return Header(node, boot, tuple(seqs), tuple(times), version, summary_ms)
+    return Header(node, boot, tuple(seqs), tuple(times), version, summary_ms, part)
 
 
 def _jtype(value: Any) -> str:

@@ -23,6 +23,7 @@ import math
 import random
 import socket
 import ssl
+import struct
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,51 @@ STABLE = 10.0  # seconds a connection must last before a lost connection resets 
 _REPEAT = 60.0  # seconds before the same problem is logged again
 OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
+SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client connected with the same client id
+_UNSPECIFIED = 0x80  # what paho reports for a connection the peer closed without a reason
+_CHUNK = 16 * 1024  # the most one read of a packet's body asks for
 _PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
+
+
+class _Guard:
+    """The socket paho reads from, with each packet's fixed header parsed as it passes.
+
+    paho-mqtt 2 reads an incoming packet whole before any callback can see its size, asking the socket
+    for the rest of the packet in one recv() (which allocates that much at once). Through the guard a
+    packet whose remaining length puts it over ``limit`` (the Maximum Packet Size the agent announced)
+    is refused as soon as its header is in, before one byte of its body is read, and no read asks for
+    more than ``_CHUNK`` bytes. Everything else is the socket's own.
+    """
+
+    def __init__(self, sock: Any, limit: int) -> None:
+        self._sock = sock
+        self.limit = limit
+        self.violation = 0  # the size of the packet refused (0: none)
+        self._header: list[int] = []  # bytes of the current fixed header read so far
+        self._body = 0  # bytes of the current packet's body still to come
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._sock, name)
+
+    def recv(self, bufsize: int, *flags: int) -> bytes:
+        if self.violation:
+            raise ConnectionAbortedError(errno.ECONNABORTED, "packet over the Maximum Packet Size")
+        data: bytes = self._sock.recv(min(bufsize, self._body, _CHUNK) if self._body else 1, *flags)
+        if self._body:
+            self._body -= len(data)
+            return data
+        for byte in data:  # one byte: a packet type, or one of the remaining length's
+            self._header.append(byte)
+            if len(self._header) == 1 or (byte & 0x80 and len(self._header) < 5):
+                continue
+            length = sum((b & 0x7F) << (7 * i) for i, b in enumerate(self._header[1:]))
+            total = len(self._header) + length
+            self._header = []
+            if total > self.limit or byte & 0x80:
+                self.violation = total
+                raise ConnectionAbortedError(errno.ECONNABORTED, "packet over the Maximum Packet Size")
+            self._body = length
+        return data
 
 
 def _varint_len(n: int) -> int:
@@ -112,6 +157,11 @@ def read_password_bytes(path: str) -> bytes:
     return line
 
 
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then tcpi_rto in microseconds
+_TCPI_RTO = 8
+_TCP_INFO_LEN = 104
+
+
 class Link:
     """Connect, publish, read acknowledgements; all from the caller's thread, never blocking long."""
 
@@ -150,6 +200,8 @@ class Link:
         self._status_mid: int | None = None  # the status message while its PUBACK is due
         self.status_rtt = 0.0  # seconds from connecting to the status message's PUBACK (0: not yet)
         self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
+        self.pace_cap = 0  # largest packet the link carries within the keepalive (forward/link_meter.py); 0: none
+        self._guard: _Guard | None = None  # the socket paho reads from, bounded (see _Guard)
         # how the last connection ended, for twins.TwinWatch: (reason code, from a broker DISCONNECT, seconds up)
         self.last_loss: tuple[int | None, bool, float] | None = None
 
@@ -177,19 +229,7 @@ class Link:
             return
         rc = client.loop(timeout=timeout)
         if rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,) and self._client is client and self.state != "down":
-            self._fail("lost", f"connection to broker at {self._where()} lost: {paho.error_string(rc)}")
-            return
-        # paho reads a packet whole, however large its header says it is. A peer that ignores our Maximum
-        # Packet Size (a rogue broker, anything on a plain mqtt:// path) is cut off as soon as the header of
-        # such a packet is in, before the agent buffers it. (paho's own reading state: read defensively.)
-        incoming = getattr(client, "_in_packet", None)
-        size = incoming.get("remaining_length", 0) if isinstance(incoming, dict) else 0
-        if isinstance(size, int) and size > self.settings.max_incoming and self._client is client:
-            self._fail(
-                "protocol",
-                f"broker at {self._where()} sends a packet of {size} bytes, over the {self.settings.max_incoming} "
-                "the agent announced as its Maximum Packet Size; connection closed",
-            )
+            self._lost(paho.error_string(rc))
 
     def wait_hint(self) -> float:
         """Seconds until the next connection attempt (0 when not waiting for one)."""
@@ -206,9 +246,36 @@ class Link:
         status message while its PUBACK is due (it has a slot of its own in paho's window)."""
         return max(0, min(self.settings.window, self.receive_max - (self._status_mid is not None)))
 
+    def tcp_rto(self) -> float:
+        """TCP's retransmission timeout on the connection now, in seconds (Linux ``TCP_INFO``); 0 when not
+        known. The link meter keeps what is in flight within it (forward/link_meter.py, "Pacing")."""
+        guard = self._guard
+        if guard is None or self.state != "up" or not hasattr(socket, "TCP_INFO"):
+            return 0.0
+        try:
+            info = guard.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
+        except (OSError, ValueError):
+            return 0.0
+        return struct.unpack_from("=I", info, _TCPI_RTO)[0] / 1e6 if len(info) >= _TCPI_RTO + 4 else 0.0
+
+    def packet_limit(self) -> int:
+        """The largest PUBLISH to send now: the broker's Maximum Packet Size, within what the link carries
+        within the keepalive (``pace_cap``); 0 when neither is known."""
+        limits = [n for n in (self.max_packet, self.pace_cap) if n]
+        return min(limits) if limits else 0
+
+    def packet_size(self, topic: str, payload: int) -> int:
+        return publish_size(topic, payload, self.v5)
+
     def fits(self, topic: str, payload: int) -> bool:
-        """Whether a PUBLISH of ``payload`` bytes to ``topic`` is within the broker's Maximum Packet Size."""
-        return not self.max_packet or publish_size(topic, payload, self.v5) <= self.max_packet
+        """Whether a PUBLISH of ``payload`` bytes to ``topic`` is within ``packet_limit()``."""
+        limit = self.packet_limit()
+        return not limit or publish_size(topic, payload, self.v5) <= limit
+
+    def abort(self, kind: str, message: str) -> None:
+        """Give the connection up (a broker that stopped acknowledging): a fresh one after the usual backoff."""
+        if self.state != "down":
+            self._fail(kind, message)
 
     def publish(self, topic: str, payload: bytes, retain: bool = False) -> int | None:
         """Publish at QoS 1; the message id, or None when the client refused (``refused_publish`` says why)."""
@@ -285,6 +352,10 @@ class Link:
             props.MaximumPacketSize = s.max_incoming
         try:
             client.connect(s.host, s.port, keepalive=s.keepalive, clean_start=True if v5 else 3, properties=props)
+            sock = getattr(client, "_sock", None)  # paho's socket, read through the guard from now on
+            if sock is not None:
+                self._guard = _Guard(sock, s.max_incoming)
+                client._sock = self._guard
         except ssl.SSLCertVerificationError as exc:
             self._fail(
                 "tls",
@@ -382,11 +453,39 @@ class Link:
     ) -> None:
         if client is not self._client or self.state in ("down", "closing"):
             return
-        what = reason.getName() if isinstance(reason, ReasonCode) else str(reason)
         code = reason.value if isinstance(reason, ReasonCode) else None
         from_broker = bool(getattr(flags, "is_disconnect_packet_from_server", False))
-        self.last_loss = (code, from_broker, self._clock() - self._up_at)
-        self._fail("lost", f"connection to broker at {self._where()} lost: {what}")
+        self.last_loss = (code, from_broker, self._clock() - self._up_at)  # for twins.TwinWatch
+        if code == SESSION_TAKEN_OVER:
+            self._fail(
+                "lost",
+                f"broker at {self._where()} disconnected the agent: session taken over, another client "
+                f"connected with the client id {self.settings.client_id!r} (a second agent with the same "
+                "--node-name or --mqtt.client-id?)",
+            )
+            return
+        if not from_broker and code == _UNSPECIFIED and self.state == "up":
+            # paho calls a connection closed without a DISCONNECT "Unspecified error" (its own closes, such
+            # as a keepalive that expired, have names of their own and keep them). Mosquitto before
+            # 2.0.15 closes an agent's connection so when another client connects with the same client id.
+            self._lost(
+                f"closed without a DISCONNECT (the network, a broker restart, or another client connecting "
+                f"with the client id {self.settings.client_id!r})"
+            )
+            return
+        self._lost(reason.getName() if isinstance(reason, ReasonCode) else str(reason))
+
+    def _lost(self, what: str) -> None:
+        guard = self._guard
+        if guard is not None and guard.violation:
+            self._fail(
+                "protocol",
+                f"broker at {self._where()} sends a packet of {guard.violation} bytes, over the "
+                f"{guard.limit} the agent announced as its Maximum Packet Size; connection closed before "
+                "reading it",
+            )
+        else:
+            self._fail("lost", f"connection to broker at {self._where()} lost: {what}")
 
     def _published(
         self, client: paho.Client, userdata: Any, mid: int, reason: ReasonCode, props: Properties | None
@@ -435,6 +534,14 @@ class Link:
 
     def _drop_client(self) -> None:
         client, self._client = self._client, None
+        guard, self._guard = self._guard, None
+        if guard is not None and self.state != "closing":
+            # Given up, not closed: what waits in the socket's send buffer would still go out on the link
+            # (minutes of a thin one) ahead of the next connection's handshake. Reset instead.
+            try:
+                guard.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            except OSError:
+                pass
         if client is not None:
             client.on_connect = client.on_disconnect = client.on_publish = None
             # paho closes its socket and wake-up socketpair only in __del__; do it now, so that a long

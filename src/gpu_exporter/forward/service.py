@@ -41,9 +41,11 @@ from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
+from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget, publish_size
+from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.forward.spool_metrics import SpoolCollector
+from gpu_exporter.forward.summary import EVENT_COUNTERS
 from gpu_exporter.forward.twins import TwinWatch
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
@@ -57,22 +59,15 @@ WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same
 _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
 _GRACE = 120.0  # seconds without a broker connection before forwarding counts as not working
+ACK_TIMEOUT = 2.0  # keepalives without the PUBACK of a batch in flight before the broker counts as silent
 _LOG_EVERY = 60.0
 
 
 _COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 # What an alert waits for: a change of one of these (or of a device's `up`, or a device coming or going)
-# closes the open batch at once, so that a long --mqtt.batch-interval never delays it.
-EVENT_KEYS = frozenset(
-    (
-        "xid_errors",
-        "ecc_uncorrected_volatile",
-        "ecc_uncorrected_aggregate",
-        "ecc_block_uncorrected",
-        "remapped_rows_uncorrectable",
-        "remapped_rows_failure",
-    )
-)
+# closes the open batch at once, so that a long --mqtt.batch-interval never delays it. (Summaries carry
+# these counters in every window, whatever the link: forward/summary.py.)
+EVENT_KEYS = EVENT_COUNTERS
 
 
 def has_event(before: Sample, after: Sample) -> bool:
@@ -183,7 +178,7 @@ class _Metrics:
         for reason in ("max_bytes", "max_age", "corrupt", "disk_full", "too_large"):
             self.dropped_batches.labels(reason)
             self.dropped_samples.labels(reason)
-        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos", "protocol"):
+        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos", "protocol", "timeout"):
             self.connect_errors.labels(kind)
 
 
@@ -237,7 +232,7 @@ class Forwarder:
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
         self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
         self.twins = TwinWatch(registry, self.node, settings.client_id, config.mqtt_reconnect_max_delay)
-        self.meter = LinkMeter(registry, config.mqtt_max_rate)
+        self.meter = LinkMeter(registry, config.mqtt_max_rate, settings.keepalive)
         # summaries first where the link is too thin for full resolution (adaptive.py)
         self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
         self._stop = threading.Event()
@@ -261,6 +256,11 @@ class Forwarder:
         self._error_logged: dict[str, float] = {}
         self._down_since: float | None = clock()
         self._too_large_logged = False
+        self._stalled = ""  # the broker stopped acknowledging what is in flight: why, until a PUBACK comes
+        # A spooled batch larger than what the link carries at once, cut in memory (the cut depends on the
+        # link of the moment; the batch stays in the spool, whole, until every part is acknowledged):
+        self._cutting: dict[str, deque[bytes]] = {}  # spool key -> parts not yet published
+        self._parts_out: dict[str, set[int]] = {}  # spool key -> message ids of parts awaiting their PUBACK
         self.ready = threading.Event()  # set once the spool is open and recovered (for tests, tools)
         self._pending: Config | None = None  # a reloaded configuration, taken at the next turn
 
@@ -330,6 +330,8 @@ class Forwarder:
             return False, "forwarder thread stopped"
         if self._failed:
             return False, f"forwarder failing: {self._failed}"
+        if self._stalled:
+            return False, self._stalled
         if self.link.error_kind == "qos":
             return False, f"forwarding refused: {self.link.error}"
         down = self._down_since
@@ -355,11 +357,14 @@ class Forwarder:
         if settings is not None:
             self.link.close(status=None)
             self._inflight.clear()  # still in the spool: they go again on the new connection
+            self._cutting.clear()
+            self._parts_out.clear()
             self.adaptive.lost()
             self.spool.pinned.clear()
             self._live.clear()
             self.metrics.connected.set(0)
             self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
+            self.meter.keepalive = settings.keepalive
             log.info("forwarder: broker settings changed; connecting to %s", new.mqtt_url)
 
     def _turn(self) -> None:
@@ -372,6 +377,9 @@ class Forwarder:
             self._close_batch()
         if now - self._housekept >= _HOUSEKEEPING:
             self._housekeeping(now)
+        self._check_acks(now)
+        self.meter.tcp_rto = self.link.tcp_rto()
+        self.link.pace_cap = self.meter.packet_cap()
         self.link.step(timeout=0.0 if self._sendable() else _TURN)
         if self.link.up:
             self._send()
@@ -390,8 +398,10 @@ class Forwarder:
             deadline = self._clock() + 2.0
             if self.link.up:
                 self._send()  # the batch just closed, so that the last samples leave with us
-            while self.link.up and self._inflight and self._clock() < deadline:
+            while self.link.up and (self._inflight or self._cutting) and self._clock() < deadline:
                 self.link.step(timeout=0.05)
+                if self._cutting and self.link.up:
+                    self._send()  # the rest of a batch cut to what the link carries at once
             self.link.close(status=b"offline")
             self._housekeeping(self._clock())
         finally:
@@ -417,6 +427,7 @@ class Forwarder:
             else:
                 self._open.journal.append(key)
             self._open.samples.append(prepared)
+            self.adaptive.add(prepared)  # into the open summary window while the link is weak
             self._open.device_samples += max(1, len(sample.devices))
             if self._previous is not None and has_event(self._previous, prepared):
                 self._open.event = True
@@ -458,41 +469,51 @@ class Forwarder:
         elif not summarized:  # summarised: the raw batch waits in the backlog for room on the link
             self._live.extend(entries)
 
-    def _limit(self) -> int:
-        """Largest payload to spool: --mqtt.batch-max-bytes, within the broker's Maximum Packet Size."""
-        limit = self.config.mqtt_batch_max_bytes
-        if self.link.max_packet:
-            limit = min(limit, payload_budget(self.topic, self.link.max_packet, self.link.v5))
-        return limit
+    def _hard_limit(self, pace: bool = False) -> int:
+        """Largest payload that may ever be published: within the broker's Maximum Packet Size and, with
+        ``pace``, within what the link carries at once (``Link.packet_limit``); 0 when neither is known."""
+        packet = self.link.packet_limit() if pace else self.link.max_packet
+        return payload_budget(self.topic, packet, self.link.v5) if packet else 0
 
     def _store(
-        self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "", limit: int = 0
+        self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "", hard: int = 0, part: str = ""
     ) -> list[Entry]:
-        """Encode (splitting what exceeds ``limit``, by default ``_limit()``) and spool; journal keys go with it.
+        """Encode and spool, cut to fit; journal keys go with the last part of their sample.
 
-        A single sample over the broker's Maximum Packet Size can never be sent: it is dropped, counted as
-        ``too_large``. (Over --mqtt.batch-max-bytes alone, a soft cap, it is spooled and sent as it is.)
+        Samples are cut apart where a batch passes --mqtt.batch-max-bytes (a soft cap: a single sample over
+        it goes as it is); a sample over ``hard`` (by default the broker's Maximum Packet Size) is cut by
+        device and series (forward/split.py). Only a single series over it cannot go: it is dropped,
+        counted as ``too_large``.
         """
-        limit = limit or self._limit()
-        data = encode(Batch(node or self.node, boot or self.boot, tuple(samples)))  # prepared in _take
+        hard = hard or self._hard_limit()
+        batch = Batch(node or self.node, boot or self.boot, tuple(samples), part=part)  # prepared in _take
+        pieces, _ = split(batch, self.config.mqtt_batch_max_bytes, hard=False)
         devices = sum(max(1, len(s.devices)) for s in samples)
-        self._bytes_per_device_sample = 0.5 * self._bytes_per_device_sample + 0.5 * len(data) / devices
-        if len(data) > limit and len(samples) > 1:
-            half = len(samples) // 2
-            cut = samples[half - 1].seq  # each half takes the journal keys of its own samples
-            mine = {key for key in journal if int(key.rsplit(".", 1)[1]) <= cut}  # j.<boot>.<seq>
-            first = self._store(samples[:half], sorted(mine), node, boot, limit)
-            rest = [key for key in journal if key not in mine]
-            return first + self._store(samples[half:], rest, node, boot, limit)
-        if self.link.up and not self.link.fits(self.topic, len(data)):  # by the limit of this connection
-            self._too_large(samples[0], len(data))
-            self.spool.forget_journal(journal)
-            return []
+        self._bytes_per_device_sample = (
+            0.5 * self._bytes_per_device_sample + 0.5 * sum(len(d) for _, d in pieces) / devices
+        )
+        encoded = []
+        for piece, data in pieces:
+            if hard and len(data) > hard:
+                parts, unfit = split(piece, hard)
+                encoded += parts
+                for sample, size in unfit:
+                    self._too_large(sample, size, hard)
+            else:
+                encoded.append((piece, data))
+        keys = {int(key.rsplit(".", 1)[1]): key for key in journal}  # j.<boot>.<seq>
+        entries = []
         before = self.spool.write_errors
-        entry = self.spool.put(data, samples[0].seq, samples[-1].seq, len(samples), journal)
+        for i, (piece, data) in enumerate(encoded):
+            following = encoded[i + 1][0].first_seq if i + 1 < len(encoded) else None
+            done = [s.seq for s in piece.samples if s.seq != following]  # a sample's last part takes its key
+            mine = [keys.pop(seq) for seq in done if seq in keys]
+            entries.append(self.spool.put(data, piece.first_seq, piece.last_seq, len(done), mine))
+        if keys:
+            self.spool.forget_journal(list(keys.values()))  # samples of which nothing could be kept
         if self.spool.write_errors != before:
             self.metrics.spool_errors.inc(self.spool.write_errors - before)
-        return [entry] if entry in self.spool else []
+        return [entry for entry in entries if entry in self.spool]
 
     def _recover(self, journal: list[tuple[str, bytes]]) -> None:
         """Fold the samples journaled by a previous run (killed before it closed its batch) into batches."""
@@ -521,13 +542,24 @@ class Forwarder:
         busy = len(self._inflight) + len(self.adaptive.inflight)
         if not self.link.up or busy >= self.link.capacity() or self._clock() < self._hold_until:
             return False
-        if not self.meter.allowed(self._clock()):
-            return False  # --mqtt.max-rate: nothing goes before the rate allows it
-        if self.adaptive.queue:
-            return True
+        if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
+            return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
+        if self.adaptive.waiting():
+            return self.adaptive.can_send(self.link, self.topic)
         if self.adaptive.active:
             return False  # a raw batch goes on a weak link only as room allows: checked each turn
-        return bool(self._live) or (len(self.spool) > len(self._inflight) and self._tokens >= 1)
+        entry = self._live[0] if self._live else None
+        if entry is not None and entry.key in self._cutting:
+            parts = self._cutting[entry.key]
+            return not parts or self.meter.room(self.link.packet_size(self.topic, len(parts[0])))
+        if entry is None and len(self.spool) > len(self._inflight) and self._tokens >= 1:
+            entry = self._next_backlog(self.spool.pinned)
+        if entry is None:
+            return False
+        # a batch to cut is work to do now; one that fits waits for room in the pacing window
+        return not self.link.fits(self.topic, entry.size) or self.meter.room(
+            self.link.packet_size(self.topic, entry.size)
+        )
 
     def _send(self) -> None:
         now = self._clock()
@@ -535,28 +567,41 @@ class Forwarder:
         self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)
         self._tokens_at = now
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
-        live = {e.key for e in self._live}
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
         if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
             return  # summaries go before anything else
-        until_next = self._open.opened + self._span() - now  # when the next summary may be due
+        if self.adaptive.active:  # when the next summary is due
+            until_next = self.adaptive.next_due(time.time())
+        else:
+            until_next = self._open.opened + self._span() - now
         while self.link.up and len(self._inflight) + len(self.adaptive.inflight) < self.link.capacity():
-            if self._live and not self.adaptive.raw_allowed(self._live[0].size, now, until_next):
-                break
-            if self._live:
-                entry = self._live.popleft()
-                live.discard(entry.key)
-                if entry not in self.spool or entry.key in inflight:
-                    continue
-            elif self._tokens >= 1:
-                found = self._next_backlog(inflight | live)
-                if found is None or not self.adaptive.raw_allowed(found.size, now, until_next):
+            backlog = not self._live
+            if backlog:
+                if self._tokens < 1:
+                    break
+                found = self._next_backlog(inflight | {e.key for e in self._live})
+                if found is None:
                     break
                 entry = found
+            else:
+                entry = self._live[0]
+                if entry.key in self._cutting:
+                    if not self._send_part(entry, now, until_next):
+                        break
+                    continue
+                if entry not in self.spool or entry.key in inflight:
+                    self._live.popleft()
+                    continue
+            packet = self.link.packet_size(self.topic, entry.size)
+            if self.link.fits(self.topic, entry.size) and (
+                not self.adaptive.raw_allowed(entry.size, now, until_next) or not self.meter.room(packet)
+            ):
+                break  # it waits for room (a batch that does not fit is cut below, before anything is sent)
+            if backlog:
                 self._tokens -= 1
             else:
-                break
+                self._live.popleft()
             data = self.spool.get(entry)
             if data is None:
                 continue
@@ -565,55 +610,139 @@ class Forwarder:
             except PayloadError as exc:
                 self.spool.quarantine(entry, data, str(exc))
                 continue
-            if not self.link.fits(self.topic, len(data)):
+            if self.link.max_packet and not self._fits_broker(len(data)):
                 self._live.extendleft(reversed(self._resplit(entry, data)))  # the parts go next
-                live = {e.key for e in self._live}
+                continue
+            if not self.link.fits(self.topic, len(data)):
+                self._cut(entry, data)  # what the link carries at once: parts from memory, next
+                inflight.add(entry.key)
                 continue
             mid = self.link.publish(self.topic, data)
             if mid is None:
                 if self.link.refused_publish != "queue full":  # a full queue is retried, not an error
                     self.metrics.publish_errors.inc()
+                if not backlog:
+                    self._live.appendleft(entry)
                 break
             self._inflight[mid] = entry
-            self.meter.sent(mid, len(data), now)
+            self.meter.sent(mid, packet, now)
             inflight.add(entry.key)
 
+    def _fits_broker(self, payload: int) -> bool:
+        return publish_size(self.topic, payload, self.link.v5) <= self.link.max_packet
+
+    def _cut(self, entry: Entry, data: bytes) -> None:
+        """A spooled batch over what the link carries at once: cut in memory and sent part by part; it
+        leaves the spool when every part is acknowledged (a connection lost meanwhile: it goes again, cut
+        as the link of that moment requires; the bridge drops the parts it has by their names)."""
+        try:
+            batch = decode(data)
+        except PayloadError as exc:
+            self.spool.quarantine(entry, data, str(exc))
+            return
+        parts, unfit = split(batch, self._hard_limit(pace=True))
+        for sample, size in unfit:
+            self._too_large(sample, size, self._hard_limit(pace=True))
+        self._cutting[entry.key] = deque(d for _, d in parts)
+        self._parts_out[entry.key] = set()
+        if self._live and self._live[0] is entry:
+            return
+        self._live.appendleft(entry)
+
+    def _send_part(self, entry: Entry, now: float, until_next: float) -> bool:
+        """Publish the next part of a batch cut in memory; False when it must wait."""
+        parts = self._cutting[entry.key]
+        if not parts:  # nothing left to publish (every part was left out as too large)
+            del self._cutting[entry.key]
+            self._live.popleft()
+            if not self._parts_out.get(entry.key):
+                self._parts_out.pop(entry.key, None)
+                self.spool.pinned.discard(entry.key)
+                self.spool.remove(entry)
+            return True
+        data = parts[0]
+        packet = self.link.packet_size(self.topic, len(data))
+        if not self.adaptive.raw_allowed(len(data), now, until_next) or not self.meter.room(packet):
+            return False
+        mid = self.link.publish(self.topic, data)
+        if mid is None:
+            if self.link.refused_publish != "queue full":
+                self.metrics.publish_errors.inc()
+            return False
+        parts.popleft()
+        self._parts_out[entry.key].add(mid)
+        self._inflight[mid] = entry
+        self.meter.sent(mid, packet, now)
+        if not parts:
+            del self._cutting[entry.key]
+            self._live.popleft()
+        return True
+
     def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
-        """A spooled batch over the broker's Maximum Packet Size: spool it again as parts that fit
-        (written before the original goes, so that a crash in between repeats samples, never loses them)."""
+        """A spooled batch over what may be published now (the broker's Maximum Packet Size, or what the
+        link carries at once): spool it again as parts that fit (written before the original goes, so that
+        a crash in between repeats samples, never loses them)."""
         try:
             batch = decode(data)
         except PayloadError as exc:
             self.spool.quarantine(entry, data, str(exc))
             return []
-        parts = self._store(list(batch.samples), [], batch.node, batch.boot)
+        hard = self._hard_limit(pace=True)
+        self.spool.pinned.add(entry.key)  # the caps pass over it while its parts are written
+        try:
+            parts = self._store(list(batch.samples), [], batch.node, batch.boot, hard=hard, part=batch.part)
+        finally:
+            self.spool.pinned.discard(entry.key)
         self.spool.remove(entry)
+        limit = self.link.packet_limit()
+        why = "the broker's Maximum Packet Size" if limit == self.link.max_packet else "what the link carries at once"
         log.info(
-            "batch %d-%d (%d bytes) is over the broker's Maximum Packet Size (%d bytes): sent as %d part(s)",
+            "batch %d-%d (%d bytes) is over %s (%d bytes): sent as %d part(s)",
             entry.first_seq,
             entry.last_seq,
             entry.size,
-            self.link.max_packet,
+            why,
+            limit,
             len(parts),
         )
         return parts
 
-    def _too_large(self, sample: Sample, size: int) -> None:
-        self._dropped("too_large", 1, 1)
+    def _too_large(self, sample: Sample, size: int, limit: int) -> None:
+        self._dropped("too_large", 0, 1)
         if not self._too_large_logged:
             self._too_large_logged = True
-            need = self.link.max_packet - payload_budget(self.topic, self.link.max_packet, self.link.v5) + size
+            need = self.link.packet_limit() - limit + size
             log.error(
-                "a sample of %d devices takes %d bytes as a PUBLISH of %d bytes, over the broker's Maximum "
-                "Packet Size of %d bytes: dropped (gpu_exporter_forward_dropped_samples_total"
+                "one value of sample %d takes %d bytes as a payload, over the %d bytes a packet may carry "
+                "(the broker's Maximum Packet Size of %d bytes): dropped (gpu_exporter_forward_dropped_samples_total"
                 '{reason="too_large"}); raise the broker\'s maximum packet size (Mosquitto: max_packet_size) '
                 "to at least %d",
-                len(sample.devices),
+                sample.seq,
                 size,
-                need,
+                limit,
                 self.link.max_packet,
                 need,
             )
+
+    def _check_acks(self, now: float) -> None:
+        """A broker that takes batches and never acknowledges them (PUBACK) would keep them in flight
+        forever, the connection looking healthy. In flight is never more than the link carries within the
+        keepalive, so a PUBACK overdue by twice the keepalive means the broker is not answering: the
+        connection is given up, the batches go again on a new one, and /readyz says so until a PUBACK
+        comes."""
+        oldest = self.meter.oldest()
+        if oldest is None or not self.link.up:
+            return
+        waited = now - oldest
+        if waited < ACK_TIMEOUT * self.link.settings.keepalive:
+            return
+        count = len(self._inflight) + len(self.adaptive.inflight)
+        self._stalled = (
+            f"broker at {self.link.settings.host}:{self.link.settings.port} acknowledged none of {count} "
+            f"batch(es) in flight for {waited:.0f}s (no PUBACK)"
+        )
+        self.metrics.working.set(0)  # at once, as /readyz says it (housekeeping sets it each second)
+        self.link.abort("timeout", f"{self._stalled}; reconnecting, the batches stay in the spool and go again")
 
     def _next_backlog(self, exclude: set[str]) -> Entry | None:
         for entry in self.spool.entries_view():
@@ -625,11 +754,24 @@ class Forwarder:
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         self.meter.acked(mid, self._clock(), self.link.status_rtt)
-        if self.adaptive.inflight.pop(mid, None) is not None:
+        self._stalled = ""  # the broker answers
+        if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
         if entry is None:
             return  # the status message, or a batch of a connection already given up
+        out = self._parts_out.get(entry.key)
+        if out is not None:  # a part of a batch cut in memory
+            out.discard(mid)
+            if ok and (out or entry.key in self._cutting):
+                return  # more parts to come
+            self._parts_out.pop(entry.key, None)
+            if not ok:  # the batch goes again, whole, after the pause below
+                for other in out:  # the acknowledgements of its other parts no longer count
+                    self._inflight.pop(other, None)
+                self._cutting.pop(entry.key, None)
+                if self._live and self._live[0] is entry:
+                    self._live.popleft()
         self.spool.pinned.discard(entry.key)
         if not ok:
             self.metrics.publish_errors.inc()
@@ -684,6 +826,8 @@ class Forwarder:
         if self._inflight:
             self.metrics.publish_errors.inc(len(self._inflight))
         self._inflight.clear()
+        self._cutting.clear()
+        self._parts_out.clear()
         self.adaptive.lost()
         self.spool.pinned.clear()
         self._live.clear()

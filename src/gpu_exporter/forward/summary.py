@@ -14,54 +14,114 @@ from the raw series, which follow later (docs/forwarding.md, docs/payload.md).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from gpu_exporter import catalog
 from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 
-__all__ = ["COUNTERS", "STATS", "encode_summary", "merge", "summarize"]
+__all__ = ["COUNTERS", "EVENT_COUNTERS", "STATS", "Window", "encode_summary", "merge", "summarize"]
 
 STATS = ("min", "max", "mean", "last")
 COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
+# Counters an alert waits for: in every summary whatever the link, and a change of one closes the open
+# batch at once (forward/service.py's EVENT_KEYS).
+EVENT_COUNTERS = frozenset(
+    (
+        "xid_errors",
+        "ecc_uncorrected_volatile",
+        "ecc_uncorrected_aggregate",
+        "ecc_block_uncorrected",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_failure",
+    )
+)
+
+
+class _Stats:
+    __slots__ = ("count", "high", "last", "low", "total")
+
+    def __init__(self, v: float) -> None:
+        self.count = 0
+        self.total = 0.0
+        self.low = self.high = math.nan
+        self.last = v
+        self.add(v)
+
+    def add(self, v: float) -> None:
+        self.last = v
+        if math.isfinite(v):
+            self.count += 1
+            self.total += v
+            self.low = v if self.count == 1 else min(self.low, v)
+            self.high = v if self.count == 1 else max(self.high, v)
+
+
+class Window:
+    """A summary window filled one sample at a time: running statistics per device and series (a few
+    numbers each, however long the window), so a window of hours costs no more memory than one of
+    seconds. ``point()`` is what ``summarize`` returns for the same samples."""
+
+    def __init__(self, counters: frozenset[str] = COUNTERS) -> None:
+        self.counters = counters
+        self.samples = 0
+        self.first: Sample | None = None
+        self.last: Sample | None = None
+        self._order: list[DeviceId] = []
+        self._up: dict[DeviceId, bool] = {}
+        self._stats: dict[DeviceId, dict[SeriesKey, _Stats]] = {}
+
+    def add(self, sample: Sample) -> None:
+        if self.first is None:
+            self.first = sample
+        self.last = sample
+        self.samples += 1
+        for dev in sample.devices:
+            if dev.device not in self._up:
+                self._order.append(dev.device)
+            self._up[dev.device] = dev.up
+            if not dev.up:
+                continue
+            mine = self._stats.setdefault(dev.device, {})
+            for series, v in dev.values.items():
+                found = mine.get(series)
+                if found is None:
+                    mine[series] = _Stats(v)
+                else:
+                    found.add(v)
+
+    def point(self, counters_of: Callable[[int, DeviceId], bool] | None = None) -> Sample:
+        """The summary point. ``counters_of(position, device)`` False leaves that device's counters out,
+        except those an alert waits for (``EVENT_COUNTERS``): what a link too thin for all of them
+        sends only every few windows (forward/adaptive.py)."""
+        if self.last is None:
+            raise ValueError("a summary needs at least one sample")
+        devices = []
+        for position, device in enumerate(self._order):
+            up = self._up[device]
+            with_counters = counters_of is None or counters_of(position, device)
+            out: dict[SeriesKey, float] = {}
+            for (key, labels), st in self._stats.get(device, {}).items():
+                if key in self.counters:
+                    if with_counters or key in EVENT_COUNTERS:
+                        out[(f"{key}:last", labels)] = st.last
+                    continue
+                out[(f"{key}:last", labels)] = st.last
+                if not st.count or st.low == st.high == st.last:
+                    continue  # held still (or never a number): the bridge writes the last value as min, max, mean
+                out[(f"{key}:min", labels)] = st.low
+                out[(f"{key}:max", labels)] = st.high
+                out[(f"{key}:mean", labels)] = float(f"{st.total / st.count:.5g}")  # short decimals are cheap
+            devices.append(DeviceSample(device, up or bool(out), out))  # no identity strings: gpu_info is raw
+        return Sample(self.last.seq, self.last.timestamp, tuple(devices))
 
 
 def summarize(samples: Sequence[Sample], counters: frozenset[str] = COUNTERS) -> Sample:
     """One summary point for a window of consecutive samples (at least one)."""
-    if not samples:
-        raise ValueError("a summary needs at least one sample")
-    last = samples[-1]
-    order: list[DeviceId] = []
-    seen: dict[DeviceId, bool] = {}
-    values: dict[DeviceId, dict[SeriesKey, list[float]]] = {}
+    window = Window(counters)
     for sample in samples:
-        for dev in sample.devices:
-            if dev.device not in seen:
-                order.append(dev.device)
-            seen[dev.device] = dev.up
-            if not dev.up:
-                continue
-            mine = values.setdefault(dev.device, {})
-            for series, v in dev.values.items():
-                mine.setdefault(series, []).append(v)
-    devices = []
-    for device in order:
-        up = seen[device]
-        out: dict[SeriesKey, float] = {}
-        for (key, labels), vs in values.get(device, {}).items():
-            out[(f"{key}:last", labels)] = vs[-1]
-            if key in counters:
-                continue
-            finite = [v for v in vs if math.isfinite(v)]
-            low, high = (min(finite), max(finite)) if finite else (vs[-1], vs[-1])
-            if low == high == vs[-1]:
-                continue  # held still: min, max and mean are the last value (the bridge writes them so)
-            out[(f"{key}:min", labels)] = low
-            out[(f"{key}:max", labels)] = high
-            mean = math.fsum(finite) / len(finite)
-            out[(f"{key}:mean", labels)] = float(f"{mean:.5g}")  # the codec stores short decimals cheaply
-        devices.append(DeviceSample(device, up or bool(out), out))  # no identity strings: gpu_info is raw
-    return Sample(last.seq, last.timestamp, tuple(devices))
+        window.add(sample)
+    return window.point()
 
 
 def merge(points: Sequence[tuple[Sample, float]]) -> tuple[Sample, float]:
