@@ -133,13 +133,15 @@ class Result:
     first_share: float = 0.0  # messages in the window from nodes not heard before it
     shares: list[float] = field(default_factory=list)
     extra: dict[str, str] = field(default_factory=dict)
+    runs: list[float] = field(default_factory=list)  # GPU-samples per CPU-s of every run, when several
 
 
 class Stack:
     """Mosquitto, VictoriaMetrics and the bridges of one run; everything stopped by PID on exit."""
 
-    def __init__(self, workdir: Path, bridges: int, group: str, bridge_args: list[str]) -> None:
+    def __init__(self, workdir: Path, bridges: int, group: str, bridge_args: list[str], src: Path) -> None:
         self.workdir = workdir
+        self.src = src
         self.broker = procs.Mosquitto(workdir)
         self.vm = procs.Victoria(workdir)
         self.sampler = procs.ProcSampler()
@@ -156,6 +158,7 @@ class Stack:
             self.vm.write_url,
             self.group,
             self.bridge_args,
+            self.src,
         )
 
     def __enter__(self) -> Stack:
@@ -217,8 +220,8 @@ def count_check(vm: procs.Victoria, fleet: Fleet) -> tuple[int, int, int, int]:
     for name, times in expected.items():
         have = stored.get(name, Counter())
         want = Counter(times)
-        node_lost = sum(1 for t in want if t not in have)
-        node_dup = sum(have[t] - 1 for t in want if have[t] > 1) + sum(v for t, v in have.items() if t not in want)
+        node_lost = sum(max(0, n - have[t]) for t, n in want.items())
+        node_dup = sum(max(0, n - want[t]) for t, n in have.items())
         lost += node_lost
         dup += node_dup
         nodes_lost += node_lost > 0
@@ -251,13 +254,15 @@ async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> boo
     return False
 
 
-async def steady(args: argparse.Namespace, nodes: int, bridges: int, scenario: str, workdir: Path) -> Result:
+async def steady(
+    args: argparse.Namespace, nodes: int, bridges: int, scenario: str, workdir: Path, variant: tuple[str, Path]
+) -> Result:
     interval = args.interval or nodes * GPUS * PER_BATCH / args.rate
     offered = nodes * GPUS * PER_BATCH / interval
     group = "fleet" if bridges > 1 or scenario != "steady" else ""
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
-    res = Result(scenario, nodes, bridges, offered)
-    with Stack(workdir, bridges, group, args.bridge_arg) as stack:
+    res = Result(variant[0], nodes, bridges, offered)
+    with Stack(workdir, bridges, group, args.bridge_arg, variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         step = max(1, nodes // args.probes)
         prober = Prober(stack.vm, set(range(0, nodes, step)))
@@ -342,11 +347,13 @@ async def steady(args: argparse.Namespace, nodes: int, bridges: int, scenario: s
     return res
 
 
-async def backlog(args: argparse.Namespace, nodes: int, bridges: int, workdir: Path) -> Result:
+async def backlog(
+    args: argparse.Namespace, nodes: int, bridges: int, workdir: Path, variant: tuple[str, Path]
+) -> Result:
     interval = args.interval or AGENT_INTERVAL
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
-    res = Result("backlog", nodes, bridges, 0.0)
-    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", args.bridge_arg) as stack:
+    res = Result(variant[0], nodes, bridges, 0.0)
+    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", args.bridge_arg, variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         fleet = Fleet(settings, templates)
         fleet.start()
@@ -445,13 +452,17 @@ def loadavg() -> str:
 def print_table(results: list[Result], header: str) -> None:
     print(header)
     print(
-        "| nodes | bridges | offered GPU-samples/s | GPU-samples per bridge CPU-s | bridge RSS steady / peak MB "
-        "| lag p50 / p99 s (probes) | remote writes (messages) | lost / duplicated (nodes) | machine busy (ours) |"
+        "| bridge | nodes | bridges | offered GPU-samples/s | GPU-samples per bridge CPU-s (vs first) "
+        "| bridge RSS steady / peak MB | lag p50 / p99 s (probes) | remote writes (messages) "
+        "| lost / duplicated (nodes) | machine busy (ours) |"
     )
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    first: dict[int, float] = {}
     for r in results:
+        base = first.setdefault(r.nodes, r.per_cpu)
         print(
-            f"| {r.nodes:,} | {r.bridges} | {r.offered:,.0f} | {r.per_cpu:,.0f} | {r.rss_steady:.0f} / {r.rss_peak:.0f} "
+            f"| {r.label} | {r.nodes:,} | {r.bridges} | {r.offered:,.0f} | {r.per_cpu:,.0f} "
+            f"({r.per_cpu / base if base else 0:.2f}x) | {r.rss_steady:.0f} / {r.rss_peak:.0f} "
             f"| {r.lag_p50:.1f} / {r.lag_p99:.1f} ({r.lag_n}) | {r.writes:,.0f} ({r.messages:,.0f}) "
             f"| {r.lost} / {r.duplicated} ({r.nodes_lost} / {r.nodes_dup}) | {r.busy:.0%} ({r.ours:.0%}) |"
         )
@@ -462,13 +473,29 @@ def print_table(results: list[Result], header: str) -> None:
             notes.append(f"{r.first_share:.0%} of the window's batches were a node's first")
         if r.rows_expected:
             notes.append(f"rows stored {r.rows_stored:,.0f} of {r.rows_expected:,} published")
+        if r.runs:
+            notes.append("runs (GPU-samples per bridge CPU-s): " + ", ".join(f"{x:,.0f}" for x in r.runs))
         for n in notes:
             print(f"    {n}")
 
 
 def median_result(runs: list[Result]) -> Result:
     """The run with the median GPU-samples per CPU-second (its other figures as measured)."""
-    return sorted(runs, key=lambda r: r.per_cpu)[len(runs) // 2]
+    best = sorted(runs, key=lambda r: r.per_cpu)[len(runs) // 2]
+    if len(runs) > 1:
+        best.runs = [r.per_cpu for r in runs]
+    return best
+
+
+def variants(specs: list[str]) -> list[tuple[str, Path]]:
+    """``LABEL=DIR`` (a directory holding the gpu_exporter package, e.g. an exported src/), in order."""
+    out = []
+    for spec in specs or [f"this tree={procs.ROOT / 'src'}"]:
+        label, sep, path = spec.partition("=")
+        if not sep or not (Path(path) / "gpu_exporter").is_dir():
+            raise SystemExit(f"--bridge-src {spec!r}: expected LABEL=DIR with DIR/gpu_exporter")
+        out.append((label, Path(path)))
+    return out
 
 
 def main() -> int:
@@ -479,46 +506,68 @@ def main() -> int:
     load.add_argument("--rate", type=float, default=1600.0, help="offered GPU-samples/s (default %(default)s)")
     load.add_argument("--interval", type=float, default=0.0, help="seconds between a node's batches (agent: 120)")
     parser.add_argument("--duration", type=float, default=60.0, help="measured seconds per run (default %(default)s)")
-    parser.add_argument("--warmup", type=float, default=60.0, help="seconds of publishing before the window")
+    parser.add_argument(
+        "--warmup",
+        type=float,
+        default=-1.0,
+        help="seconds of publishing before the window (default: one interval, at most 150 s)",
+    )
     parser.add_argument("--runs", type=int, default=1, help="runs per size; the median is printed")
     parser.add_argument("--bridges", type=int, default=0, help="bridge processes (default: 1, share/kill: 2)")
     parser.add_argument("--bridge-arg", action="append", default=[], help="an extra bridge option (repeatable)")
+    parser.add_argument(
+        "--bridge-src",
+        action="append",
+        default=[],
+        help="LABEL=DIR: run the bridge from DIR (e.g. `git archive` of another commit's src/); repeatable, "
+        "runs interleaved, ratios against the first (default: this tree's src/)",
+    )
     parser.add_argument("--probes", type=int, default=40, help="lag probe nodes (default %(default)s)")
     parser.add_argument("--restart-after", type=float, default=5.0, help="kill: seconds before the restart")
     parser.add_argument("--backlog", type=int, default=30, help="backlog: batches spooled per node")
     parser.add_argument("--outage", type=float, default=30.0, help="backlog: seconds the broker is down at least")
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="longest wait for the bridges to finish")
+    parser.add_argument("--workdir", default="", help="keep each run's logs and data here (default: a temp dir)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles of the bridges (window)")
     args = parser.parse_args()
 
     defaults = {"steady": "100,1000,5000", "share": "1000", "kill": "1000", "backlog": "1000"}
     sizes = [int(x.replace("_", "")) for x in (args.nodes or defaults[args.scenario]).split(",")]
     bridges = args.bridges or (2 if args.scenario in ("share", "kill") else 1)
+    sources = variants(args.bridge_src)
     raise_nofile(max(sizes) + 1024)
     tune_gc()  # the publisher allocates like the bridge: few cycles
     before = loadavg()
     results: list[Result] = []
     for nodes in sizes:
-        runs = []
+        interval = args.interval or nodes * GPUS * PER_BATCH / args.rate
+        run_args = argparse.Namespace(**vars(args))
+        if args.warmup < 0:
+            run_args.warmup = min(interval, 150.0)
+        runs: dict[str, list[Result]] = {label: [] for label, _ in sources}
         for r in range(args.runs):
-            with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
-                if args.scenario == "backlog":
-                    res = asyncio.run(backlog(args, nodes, bridges, Path(tmp)))
-                else:
-                    res = asyncio.run(steady(args, nodes, bridges, args.scenario, Path(tmp)))
-            runs.append(res)
-            print(
-                f"  run {r + 1}/{args.runs}, {nodes:,} nodes: {res.per_cpu:,.0f} GPU-samples per bridge CPU-s, "
-                f"RSS {res.rss_steady:.0f}/{res.rss_peak:.0f} MB, lost {res.lost}, duplicated {res.duplicated}",
-                flush=True,
-            )
-        results.append(median_result(runs))
+            for variant in sources:
+                with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:
+                    name = f"{args.scenario}-{nodes}-{variant[0].replace(' ', '_')}-{r + 1}"
+                    where = Path(args.workdir) / name if args.workdir else Path(tmp)
+                    if args.scenario == "backlog":
+                        res = asyncio.run(backlog(run_args, nodes, bridges, where, variant))
+                    else:
+                        res = asyncio.run(steady(run_args, nodes, bridges, args.scenario, where, variant))
+                runs[variant[0]].append(res)
+                print(
+                    f"  {variant[0]}, run {r + 1}/{args.runs}, {nodes:,} nodes: {res.per_cpu:,.0f} GPU-samples per "
+                    f"bridge CPU-s, RSS {res.rss_steady:.0f}/{res.rss_peak:.0f} MB, lag p50 {res.lag_p50:.1f} s, "
+                    f"lost {res.lost}, duplicated {res.duplicated}; load average {loadavg()}",
+                    flush=True,
+                )
+        results += [median_result(v) for v in runs.values()]
     extra = " ".join(args.bridge_arg) or "default options"
     print_table(
         results,
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "
         f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> VictoriaMetrics (no dedup); "
-        f"real time, {args.duration:g} s measured after {args.warmup:g} s, median of {args.runs} run(s); "
+        f"real time, {args.duration:g} s measured after a warm-up, median of {args.runs} run(s); "
         f"load average {before} before, {loadavg()} after, {_cores()} cores",
     )
     return 0

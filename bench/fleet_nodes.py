@@ -266,6 +266,7 @@ class Fleet:
         s = self.settings
         spread = s.interval if phases is None else phases
         start = time.monotonic()
+        wall = self.clock() - start
         order = list(range(len(self.nodes)))
         random.Random(s.nodes).shuffle(order)  # neighbours in name are not neighbours in time
         heap = [(start + spread * k / len(self.nodes), i) for k, i in enumerate(order)]
@@ -279,7 +280,9 @@ class Fleet:
                 continue
             heapq.heapreplace(heap, (due + s.interval, i))
             node = self.nodes[i]
-            node.live.append(node.close_batch(round(self.clock() * 1000), self.templates))
+            # stamped by the schedule, as the agent's drift-free sampler stamps its samples: a late turn
+            # of a loaded loop must not make a batch overlap the node's previous one
+            node.live.append(node.close_batch(round((due + wall) * 1000), self.templates))
             self.published += 1
             node.wake.set()
 

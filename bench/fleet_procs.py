@@ -155,8 +155,11 @@ class Victoria(_Server):
 class Bridge(_Server):
     """``gpu-exporter bridge`` from this worktree's src/, as a deployment runs it (its own process)."""
 
-    def __init__(self, workdir: Path, index: int, mqtt_url: str, write_url: str, group: str, extra: list[str]) -> None:
+    def __init__(
+        self, workdir: Path, index: int, mqtt_url: str, write_url: str, group: str, extra: list[str], src: Path
+    ) -> None:
         super().__init__(workdir, f"bridge-{index}")
+        self.src = src
         self.client_id = f"bench-bridge-{index}"
         self.argv = [
             sys.executable,
@@ -173,7 +176,7 @@ class Bridge(_Server):
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"
 
     def start(self) -> None:
-        env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
+        env = dict(os.environ, PYTHONPATH=str(self.src))
         self._spawn(self.argv, env)
 
         def ready() -> bool:
