@@ -13,10 +13,12 @@ them with one plan (see remote_write.WriteEncoder).
 
 from __future__ import annotations
 
+import bisect
 import itertools
 import operator
 import re
 import sys
+from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
@@ -340,28 +342,34 @@ class SeriesLimits:
     A node may create up to ``per_node`` series; further ones are refused. The hashes of all nodes
     together are bounded by ``total`` (the series cache's size): past it, every count starts over, so
     the limit is "per node since the bridge started, or since the fleet last filled the cache".
+
+    A node's hashes are kept sorted in an ``array('q')``: 8 bytes per series, where a set of Python ints
+    took about 64 (a 1,000-node fleet of 8-GPU nodes: about 7 MB instead of about 50). The converter asks
+    only when a device's set of series changes, so a lookup by bisection costs nothing that matters.
     """
 
     def __init__(self, per_node: int, total: int) -> None:
         self.per_node = per_node
         self._total = max(total, per_node)
-        self._seen: dict[str, set[int]] = {}
+        self._seen: dict[str, array[int]] = {}
         self._count = 0
         self.generation = 0  # advances each time the counts start over
 
     def admit(self, node: str, entry: bytes) -> bool:
         seen = self._seen.get(node)
         if seen is None:
-            seen = self._seen[node] = set()
+            seen = self._seen[node] = array("q")
         h = hash(entry)
-        if h in seen:
+        i = bisect.bisect_left(seen, h)
+        if i < len(seen) and seen[i] == h:
             return True
         if len(seen) >= self.per_node:
             return False
         if self._count >= self._total:
-            self._seen = {node: (seen := set())}
+            self._seen = {node: (seen := array("q"))}
             self._count = 0
             self.generation += 1
-        seen.add(h)
+            i = 0
+        seen.insert(i, h)
         self._count += 1
         return True
