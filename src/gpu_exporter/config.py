@@ -85,6 +85,7 @@ class Config:
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
+    bridge_write_linger: float = 0.0
     bridge_max_payload: int = 16 * 1024 * 1024
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
@@ -585,6 +586,14 @@ OPTIONS: tuple[Option, ...] = (
         _int_between(1, 65535),
         "bridge: unacknowledged messages the broker may send at once (MQTT 5 Receive Maximum)",
         "N",
+    ),
+    Option(
+        "bridge.write-linger",
+        "bridge_write_linger",
+        _seconds_between(0, 60),
+        "bridge: how long the writer waits for more messages before a remote write, so that messages "
+        "arriving one at a time are written together (0: write what is queued at once)",
+        "DURATION",
     ),
     Option(
         "bridge.max-payload",

@@ -124,6 +124,7 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         client_id=client_id,
         session_expiry=config.bridge_session_expiry,
         receive_maximum=min(config.bridge_max_inflight, 65535),
+        linger=config.bridge_write_linger,
         max_payload=config.bridge_max_payload,
         node_label=config.bridge_node_label,
         series_cache=config.bridge_series_cache,

@@ -64,6 +64,7 @@ class BridgeSettings:
     session_expiry: float = 86400.0
     receive_maximum: int = 200
     max_messages: int = 100  # messages per remote write
+    linger: float = 0.0  # seconds the writer waits for more messages before a write (coalescing)
     max_payload: int = codec.DEFAULT_MAX_BYTES
     node_label: str = "node"
     rw_timeout: float = 10.0
@@ -330,11 +331,21 @@ class Bridge:
             except queue.Empty:
                 continue
             msgs = [first]
+            # Coalesce: wait up to --bridge.write-linger for more messages, so that a fleet whose
+            # messages arrive one at a time is written in a few large requests instead of several
+            # small ones per message. The first message's acknowledgement waits that much longer.
+            deadline = time.monotonic() + self.settings.linger
             while len(msgs) < self.settings.max_messages:
                 try:
                     msgs.append(self._queue.get_nowait())
                 except queue.Empty:
-                    break
+                    left = deadline - time.monotonic()
+                    if left <= 0 or self._stop.is_set():
+                        break
+                    try:
+                        msgs.append(self._queue.get(timeout=left))
+                    except queue.Empty:
+                        break
             try:
                 self.process_safely(msgs)
             except Stopped:
