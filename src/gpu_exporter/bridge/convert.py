@@ -74,7 +74,7 @@ class _Device:
         # the metrics list the recipes were made for, and which of its columns were absent
         self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
         self.recipes: list[_Recipe | None] = []
-        self.allowed: list[bool] = []  # per recipe: within the node's series limit
+        self.allowed: list[bool] = []  # per recipe: within the node's series limit (kept only if not all)
         self.generation = -1  # of the series limits when ``allowed`` was decided
         self.unknown: set[str] = set()
         self.limited = 0  # recipes its node may not create
@@ -94,6 +94,7 @@ class _Plan:
 
 _MISSING = object()
 _MAX_RECIPES = 100_000
+_MAX_PLANS = 10_000
 
 
 def _field(name: str, value: str) -> bytes:
@@ -123,6 +124,10 @@ class Converter:
         self._cached = 0
         self._limits = SeriesLimits(max_series_per_node, cache_size)
         self._recipes: dict[tuple[SeriesKey, tuple[str, ...]], _Recipe | None] = {}
+        self._plans: dict[
+            tuple[tuple[SeriesKey, ...], tuple[bool, ...], tuple[str, ...]],
+            tuple[tuple[tuple[SeriesKey, ...], tuple[bool, ...]], list[_Recipe | None], set[str]],
+        ] = {}
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
         key = (node, device)
@@ -195,20 +200,27 @@ class Converter:
         absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
         runs = cache.runs
         if cache.metrics != (metrics, absent):
-            names = cache.names
-            cache.recipes = [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)]
-            cache.unknown = {
-                m[0] for m, r, a in zip(metrics, cache.recipes, absent, strict=True) if r is None and not a
-            }
-            cache.metrics = (metrics, absent)
+            # One plan per (metrics list, columns present, device label names), shared by every device
+            # that sends the same: a device holds a reference, not its own copy of a batch's metrics.
+            key = (metrics, absent, cache.names)
+            plan = self._plans.get(key)
+            if plan is None:
+                names = cache.names
+                recipes = [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)]
+                unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
+                if len(self._plans) >= _MAX_PLANS:
+                    self._plans.clear()
+                plan = self._plans[key] = ((metrics, absent), recipes, unknown)
+            cache.metrics, cache.recipes, cache.unknown = plan
             cache.generation = -1
         entries = [
             None if r is None else b"".join([runs[p] if p.__class__ is int else p for p in r])  # type: ignore[misc]
             for r in cache.recipes
         ]
         if cache.generation != self._limits.generation:  # new recipes, or the limits started over
-            cache.allowed = [e is None or bool(self._admit(node, e)) for e in entries]
-            cache.limited = cache.allowed.count(False)
+            allowed = [e is None or bool(self._admit(node, e)) for e in entries]
+            cache.limited = allowed.count(False)
+            cache.allowed = allowed if cache.limited else []  # kept only where something is limited
             cache.generation = self._limits.generation
         if cache.limited:
             entries = [e if ok else _LIMITED for e, ok in zip(entries, cache.allowed, strict=True)]
