@@ -3,8 +3,9 @@
 Every node has its own MQTT 5 connection and publishes what the agent publishes (fleet_nodes.py,
 fleet_wire.py, fleet_payloads.py; tests/test_bench_fleet_wire.py checks the bytes against the agent's own
 client and encoder): 24-sample batches of the simulated H100 backend, QoS 1, send-time properties,
-retained status. The bridges are `gpu-exporter bridge` processes of this worktree with their default
-options; VictoriaMetrics runs without dedup, so anything written twice is counted.
+retained status; one connection per node, phases spread over the interval. The bridges are `gpu-exporter
+bridge` processes (this worktree's by default) with default options; VictoriaMetrics runs without dedup,
+so anything written twice is counted.
 
 Scenarios (--scenario):
   steady   (default) one run per --nodes count at the same offered load (--rate GPU-samples/s, or
@@ -19,14 +20,20 @@ Scenarios (--scenario):
   backlog  the broker stops, every node has --backlog (30) batches spooled, the broker restarts and the
            nodes reconnect at once: time until all is in the TSDB, bridge memory throughout.
 
-The default run (steady, 100/1,000/5,000 nodes, 1,600 GPU-samples/s, 60 s measured after a warm-up)
-takes about 10 minutes; --duration, --warmup and --runs make it longer. A 5,000-node fleet at
-1,600 GPU-samples/s sends one batch per node every 10 minutes: only a run of --warmup 600 measures
-it in steady state (every node seen before the window).
+The default run (steady, 100/1,000/5,000 nodes, 1,600 GPU-samples/s offered at every size, a warm-up
+of one batch interval but at most 150 s, then 60 s measured) takes about 15 minutes on an idle 2-core
+machine; --duration, --warmup and --runs make it longer. A 5,000-node fleet at 1,600 GPU-samples/s
+sends one batch per node every 10 minutes: only --warmup 600 measures it with every node seen before
+the window (the table says which share of the window's batches were a node's first). CPU per sample
+is what to compare; lag is wall-clock and follows the machine's load (printed with each run). Compare
+bridge versions in one invocation, interleaved, with --bridge-src (e.g. `git archive <commit> src`).
+bench/fleet_scaling.py times the bridge's own code by node count without broker, TSDB or network;
+bench/fleet_profile.py reads the py-spy profiles --profile records.
 
     PYTHONPATH=src python bench/bench_fleet.py [--nodes 100,1000,5000] [--rate 1600 | --interval 120]
-        [--duration 60] [--warmup 60] [--runs 1] [--scenario steady|share|kill|backlog]
-        [--bridge-arg=--bridge.series-cache=3000000 ...] [--profile DIR]
+        [--duration 60] [--warmup S] [--runs 1] [--scenario steady|share|kill|backlog]
+        [--bridge-src base=/tmp/base/src --bridge-src 'new=src;--bridge.write-linger=1s']
+        [--bridge-arg=--bridge.series-cache=3000000 ...] [--profile DIR [--profile-mode cpu|wall]]
 """
 
 from __future__ import annotations
@@ -255,14 +262,19 @@ async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> boo
 
 
 async def steady(
-    args: argparse.Namespace, nodes: int, bridges: int, scenario: str, workdir: Path, variant: tuple[str, Path]
+    args: argparse.Namespace,
+    nodes: int,
+    bridges: int,
+    scenario: str,
+    workdir: Path,
+    variant: tuple[str, Path, list[str]],
 ) -> Result:
     interval = args.interval or nodes * GPUS * PER_BATCH / args.rate
     offered = nodes * GPUS * PER_BATCH / interval
     group = "fleet" if bridges > 1 or scenario != "steady" else ""
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, offered)
-    with Stack(workdir, bridges, group, args.bridge_arg, variant[1]) as stack:
+    with Stack(workdir, bridges, group, args.bridge_arg + variant[2], variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         step = max(1, nodes // args.probes)
         prober = Prober(stack.vm, set(range(0, nodes, step)))
@@ -328,6 +340,10 @@ async def steady(
                 for a, b in zip(m1, m0, strict=True)
             ]
             res.shares = [s / sum(shares) for s in shares] if sum(shares) else []
+            if bridges > 1:
+                res.extra["messages received per bridge (whole run)"] = " / ".join(
+                    f"{m.get('gpu_exporter_bridge_messages_received_total', 0):,.0f}" for m in m1
+                )
         for n in names:
             rs = [r for r in stack.sampler.readings.get(n, []) if t0 <= r.t <= t1]
             if rs:
@@ -348,12 +364,12 @@ async def steady(
 
 
 async def backlog(
-    args: argparse.Namespace, nodes: int, bridges: int, workdir: Path, variant: tuple[str, Path]
+    args: argparse.Namespace, nodes: int, bridges: int, workdir: Path, variant: tuple[str, Path, list[str]]
 ) -> Result:
     interval = args.interval or AGENT_INTERVAL
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, 0.0)
-    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", args.bridge_arg, variant[1]) as stack:
+    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", args.bridge_arg + variant[2], variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         fleet = Fleet(settings, templates)
         fleet.start()
@@ -364,10 +380,11 @@ async def backlog(
         fleet.add_backlog(args.backlog, args.backlog * interval)  # encoded while the broker is down
         await asyncio.sleep(max(0.0, args.outage - (time.monotonic() - down)))
         res.extra["outage"] = f"{time.monotonic() - down:.0f} s"
+        res.rows_expected = sum(m.rw_samples for n in fleet.nodes for m in n.backlog)
+        res.extra["backlog"] = f"{sum(len(n.backlog) for n in fleet.nodes):,} batches"
         stack.broker.start()
         t0 = time.monotonic()
         stack.sampler.watch("mosquitto", stack.broker.pid)
-        res.rows_expected = sum(m.rw_samples for n in fleet.nodes for m in n.backlog)
         acked_at = None
         done = False
         while time.monotonic() - t0 < args.drain_timeout:
@@ -403,21 +420,21 @@ async def backlog(
 
 
 def start_profilers(args: argparse.Namespace, stack: Stack, nodes: int) -> list[subprocess.Popen[bytes]]:
-    """py-spy on each bridge over the measured window (raw collapsed stacks, idle included)."""
+    """py-spy on each bridge over the measured window (raw collapsed stacks)."""
     if not args.profile:
         return []
     out = Path(args.profile)
     out.mkdir(parents=True, exist_ok=True)
     found = []
     for i, b in enumerate(stack.bridges):
-        path = out / f"bridge-{nodes}-nodes-{i}.txt"
+        path = out / f"bridge-{nodes}-nodes-{i}-{args.profile_mode}.txt"
         found.append(
             subprocess.Popen(
                 [
                     "py-spy",
                     "record",
                     "--nonblocking",
-                    "--idle",
+                    "--gil" if args.profile_mode == "cpu" else "--idle",
                     "--threads",
                     "-r",
                     "50",
@@ -487,14 +504,16 @@ def median_result(runs: list[Result]) -> Result:
     return best
 
 
-def variants(specs: list[str]) -> list[tuple[str, Path]]:
-    """``LABEL=DIR`` (a directory holding the gpu_exporter package, e.g. an exported src/), in order."""
+def variants(specs: list[str]) -> list[tuple[str, Path, list[str]]]:
+    """``LABEL=DIR[;--option=value...]``: DIR holds the gpu_exporter package (e.g. an exported src/), the
+    options go to that variant's bridges only; in order."""
     out = []
     for spec in specs or [f"this tree={procs.ROOT / 'src'}"]:
-        label, sep, path = spec.partition("=")
+        label, sep, rest = spec.partition("=")
+        path, *options = rest.split(";")
         if not sep or not (Path(path) / "gpu_exporter").is_dir():
-            raise SystemExit(f"--bridge-src {spec!r}: expected LABEL=DIR with DIR/gpu_exporter")
-        out.append((label, Path(path)))
+            raise SystemExit(f"--bridge-src {spec!r}: expected LABEL=DIR[;--option=value...] with DIR/gpu_exporter")
+        out.append((label, Path(path), options))
     return out
 
 
@@ -519,7 +538,7 @@ def main() -> int:
         "--bridge-src",
         action="append",
         default=[],
-        help="LABEL=DIR: run the bridge from DIR (e.g. `git archive` of another commit's src/); repeatable, "
+        help="LABEL=DIR[;--option=value...]: run the bridge from DIR (e.g. `git archive` of another commit's src/); repeatable, "
         "runs interleaved, ratios against the first (default: this tree's src/)",
     )
     parser.add_argument("--probes", type=int, default=40, help="lag probe nodes (default %(default)s)")
@@ -529,6 +548,12 @@ def main() -> int:
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="longest wait for the bridges to finish")
     parser.add_argument("--workdir", default="", help="keep each run's logs and data here (default: a temp dir)")
     parser.add_argument("--profile", default="", help="directory for py-spy profiles of the bridges (window)")
+    parser.add_argument(
+        "--profile-mode",
+        choices=("cpu", "wall"),
+        default="cpu",
+        help="cpu: only stacks holding the GIL (py-spy --gil), wall: idle stacks too (waits on the TSDB)",
+    )
     args = parser.parse_args()
 
     defaults = {"steady": "100,1000,5000", "share": "1000", "kill": "1000", "backlog": "1000"}
@@ -536,6 +561,7 @@ def main() -> int:
     bridges = args.bridges or (2 if args.scenario in ("share", "kill") else 1)
     sources = variants(args.bridge_src)
     raise_nofile(max(sizes) + 1024)
+    procs.stop_on_signals()
     tune_gc()  # the publisher allocates like the bridge: few cycles
     before = loadavg()
     results: list[Result] = []
@@ -544,7 +570,7 @@ def main() -> int:
         run_args = argparse.Namespace(**vars(args))
         if args.warmup < 0:
             run_args.warmup = min(interval, 150.0)
-        runs: dict[str, list[Result]] = {label: [] for label, _ in sources}
+        runs: dict[str, list[Result]] = {label: [] for label, _, _ in sources}
         for r in range(args.runs):
             for variant in sources:
                 with tempfile.TemporaryDirectory(prefix="bench-fleet-") as tmp:

@@ -96,6 +96,8 @@ class Templates:
             backend = NvmlBackend(config, nvml=sim)
             backend.open()
             backend.name = "fake"
+            backend.read()  # a running agent's first read is long past: GPM ratios need a previous sample
+            now[0] += SAMPLE_INTERVAL
             samples = []
             offsets = []
             for i in range(per_batch):

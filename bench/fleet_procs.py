@@ -23,7 +23,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["Bridge", "Mosquitto", "ProcSampler", "Victoria", "free_port", "machine_busy", "scrape"]
+__all__ = [
+    "Bridge",
+    "Mosquitto",
+    "ProcSampler",
+    "Victoria",
+    "free_port",
+    "machine_busy",
+    "scrape",
+    "stop_on_signals",
+]
 
 ROOT = Path(__file__).resolve().parent.parent
 TICK = os.sysconf("SC_CLK_TCK")
@@ -60,6 +69,27 @@ def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
         proc.wait(5)
 
 
+_CHILDREN: list[subprocess.Popen[bytes]] = []
+
+
+def stop_on_signals() -> None:
+    """SIGINT or SIGTERM: stop every process the bench started (by PID), then exit."""
+
+    def handler(signum: int, frame: object) -> None:
+        for proc in reversed(_CHILDREN):
+            if proc.poll() is None:
+                proc.terminate()
+        for proc in _CHILDREN:
+            try:
+                proc.wait(10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+        os._exit(128 + signum)
+
+    signal.signal(signal.SIGINT, handler)
+    signal.signal(signal.SIGTERM, handler)
+
+
 class _Server:
     def __init__(self, workdir: Path, name: str) -> None:
         self.dir = workdir / name
@@ -76,6 +106,7 @@ class _Server:
     def _spawn(self, argv: list[str], env: dict[str, str] | None = None) -> None:
         with open(self.log, "ab") as out:
             self.proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=env)
+        _CHILDREN.append(self.proc)
 
     def stop(self) -> None:
         _stop(self.proc)
