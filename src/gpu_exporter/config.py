@@ -613,7 +613,7 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.series-cache",
         "bridge_series_cache",
         _int_between(1, 100_000_000),
-        "bridge: series whose encoded labels are kept (about 370 bytes each with their bookkeeping; ~95 per GPU)",
+        "bridge: bound of the per-device bookkeeping (4 units a device) and of the per-node series counts",
         "N",
     ),
     Option(
