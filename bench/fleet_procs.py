@@ -23,6 +23,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from bench_core import stop_process
+
 __all__ = [
     "Bridge",
     "Mosquitto",
@@ -59,14 +61,8 @@ def _wait(check: object, timeout: float, what: str) -> None:
 
 def _stop(proc: subprocess.Popen[bytes] | None, timeout: float = 15.0) -> None:
     """SIGTERM by PID, SIGKILL if it lingers."""
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(5)
+    if proc is not None and proc.poll() is None:
+        stop_process(proc, timeout)
 
 
 _CHILDREN: list[subprocess.Popen[bytes]] = []
