@@ -93,8 +93,11 @@ class _Plan:
 
 
 _MISSING = object()
-_MAX_RECIPES = 100_000
-_MAX_PLANS = 10_000
+# Bounds of what the fleet shares (a normal node uses ~100 recipes and one plan of ~100 keys): a node
+# that floods series with new label values churns these caches, it cannot grow them.
+_MAX_RECIPES = 20_000
+_MAX_PLAN_KEYS = 2_000  # a plan of more series than this is not shared
+_MAX_PLANS_KEYS = 200_000  # series keys in all shared plans together
 
 
 def _field(name: str, value: str) -> bytes:
@@ -124,6 +127,7 @@ class Converter:
         self._cached = 0
         self._limits = SeriesLimits(max_series_per_node, cache_size)
         self._recipes: dict[tuple[SeriesKey, tuple[str, ...]], _Recipe | None] = {}
+        self._plan_keys = 0
         self._plans: dict[
             tuple[tuple[SeriesKey, ...], tuple[bool, ...], tuple[str, ...]],
             tuple[tuple[tuple[SeriesKey, ...], tuple[bool, ...]], list[_Recipe | None], set[str]],
@@ -208,9 +212,13 @@ class Converter:
                 names = cache.names
                 recipes = [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)]
                 unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
-                if len(self._plans) >= _MAX_PLANS:
-                    self._plans.clear()
-                plan = self._plans[key] = ((metrics, absent), recipes, unknown)
+                plan = ((metrics, absent), recipes, unknown)
+                if len(metrics) <= _MAX_PLAN_KEYS:  # a flood of series is not kept for the next device
+                    self._plan_keys += len(metrics)
+                    if self._plan_keys > _MAX_PLANS_KEYS:
+                        self._plans.clear()
+                        self._plan_keys = len(metrics)
+                    self._plans[key] = plan
             cache.metrics, cache.recipes, cache.unknown = plan
             cache.generation = -1
         entries = [
