@@ -397,7 +397,12 @@ async def backlog(
             await asyncio.sleep(2)
         t1 = time.monotonic()
         await asyncio.sleep(2)
-        res.extra["caught up"] = f"{t1 - t0:.0f} s after the broker restart" if done else "NOT within the timeout"
+        res.extra["caught up"] = (
+            f"{t1 - t0:.0f} s after the broker restart"
+            if done
+            else "NOT within --drain-timeout: the count check below was taken while the bridges were still "
+            "writing, so its 'lost' are samples not written yet"
+        )
         res.extra["acknowledged by the broker"] = f"{acked_at:.0f} s" if acked_at is not None else "not all"
         res.rows_stored = stack.vm.metric("vm_rows_inserted_total")
         res.lost, res.duplicated, res.nodes_lost, res.nodes_dup = count_check(stack.vm, fleet)
