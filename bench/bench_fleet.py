@@ -41,6 +41,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -428,6 +429,8 @@ def start_profilers(args: argparse.Namespace, stack: Stack, nodes: int) -> list[
     """py-spy on each bridge over the measured window (raw collapsed stacks)."""
     if not args.profile:
         return []
+    if shutil.which("py-spy") is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
     out = Path(args.profile)
     out.mkdir(parents=True, exist_ok=True)
     found = []
