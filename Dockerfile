@@ -1,7 +1,8 @@
 # syntax=docker/dockerfile:1
 # gpu-exporter image: amd64 and arm64 (Jetson) from the same file:
 #   docker buildx build --platform linux/amd64,linux/arm64 \
-#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) -t gpu-exporter:0.1.0 .
+#     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
+#     --build-arg BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ) -t gpu-exporter:0.1.0 .
 # Every dependency ships wheels for both architectures, so no stage needs a compiler; the final
 # stage has neither a compiler nor pip. The vendor libraries come from the host, not from the image:
 # NVML (libnvidia-ml.so.1) through the NVIDIA container runtime, a Jetson's files through the /sys and
@@ -10,32 +11,51 @@
 # ROCm: the default pins the 7.0 series (ROCm 7.0.x); for a ROCm 6.x fleet build a variant with e.g.
 #   --build-arg AMDSMI='amdsmi==6.4.*' --build-arg VERSION=0.1.0-rocm6.4
 # and --build-arg AMDSMI= (empty) leaves it out.
+#
+# Behind a proxy or a network that intercepts TLS, pip needs that network's CA to reach PyPI: pass the
+# certificate(s) as PEM text, e.g. --build-arg EXTRA_CA_CERTS="$(cat corp-ca.crt)". They are trusted
+# in the build stage only, added to pip's own bundle, and never reach the runtime image.
+# tools/image.py builds and runs this image on a machine without a registry (docs/testing.md).
 
 ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 
 # --- build: install the package and its runtime dependencies into a virtual environment ---
 FROM ${PYTHON_IMAGE} AS build
 ARG AMDSMI="amdsmi==7.0.*"
+ARG EXTRA_CA_CERTS=""
+# What `gpu-exporter --version` and gpu_exporter_build_info report (src/gpu_exporter/buildinfo.py).
+ARG REVISION=unknown
+ARG BUILD_DATE=unknown
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ONLY_BINARY=:all:
 WORKDIR /src
-COPY pyproject.toml README.md ./
+COPY pyproject.toml setup.py README.md ./
 COPY src ./src
-RUN python -m venv /opt/gpu-exporter \
+SHELL ["/bin/bash", "-o", "pipefail", "-c"]
+RUN printf '{"revision": "%s", "build_date": "%s"}\n' "$REVISION" "$BUILD_DATE" > src/gpu_exporter/_build.json \
+ && if [ -n "$EXTRA_CA_CERTS" ]; then \
+      bundle="$(python -c 'import pip._vendor.certifi as c; print(c.where())')" \
+      && { cat "$bundle"; printf '%s\n' "$EXTRA_CA_CERTS"; } > /tmp/ca.pem \
+      && export PIP_CERT=/tmp/ca.pem; \
+    fi \
+ && python -m venv /opt/gpu-exporter \
  && /opt/gpu-exporter/bin/pip install ".[kubernetes]" ${AMDSMI:+"$AMDSMI"} \
  && /opt/gpu-exporter/bin/pip uninstall -y pip setuptools wheel \
- && /opt/gpu-exporter/bin/python -m compileall -q /opt/gpu-exporter/lib
+ && /opt/gpu-exporter/bin/python -m compileall -q /opt/gpu-exporter/lib \
+ && rm -f /tmp/ca.pem
 
 # --- runtime: the slim base without pip, plus the virtual environment ---
 FROM ${PYTHON_IMAGE} AS runtime
 ARG VERSION=0.1.0
 ARG REVISION=unknown
+ARG BUILD_DATE=unknown
 LABEL org.opencontainers.image.title="gpu-exporter" \
       org.opencontainers.image.description="Node-level GPU metrics exporter for edge Kubernetes: Prometheus endpoint plus store-and-forward over MQTT" \
       org.opencontainers.image.version="${VERSION}" \
       org.opencontainers.image.revision="${REVISION}" \
+      org.opencontainers.image.created="${BUILD_DATE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://example.com/gpu-exporter"
-RUN python -m pip uninstall -y pip setuptools wheel \
+RUN PYTHONDONTWRITEBYTECODE=1 python -m pip uninstall -y pip setuptools wheel \
  && rm -rf /usr/local/lib/python3.11/ensurepip /usr/local/lib/python3.11/idlelib \
            /usr/local/lib/python3.11/lib2to3 /usr/local/lib/python3.11/pydoc_data \
  && groupadd --system --gid 65532 gpu-exporter \

@@ -6,9 +6,12 @@ Prints:
   2. scrape latency p50/p99 with 4 concurrent keep-alive clients (gzip, as Prometheus asks);
   3. exporter CPU (% of one core) and RSS at a 1 s interval over --cpu-seconds (default 60 s).
 
-  4. RSS once the default ring (--metrics-buffer-size) is full.
+  4. RSS once the default ring (--metrics-buffer-size) is full;
+  5. (with 1) the cost of the process_* metrics, in CPU time per page: they are read from /proc/self
+     when the page is rendered, once per sample, never per scrape.
 
 Usage: python bench/bench_core.py [--runs 3] [--cpu-seconds 60] [--scrape-seconds 10] [--only-full-ring]
+       [--only-scrape] (1, 5 and 2 only)
 """
 
 from __future__ import annotations
@@ -135,6 +138,28 @@ def collect_cycle(runs: int) -> None:
     print(f"  render speed-up     {med(baselines) / med(renders):7.1f}x over the baseline")
 
 
+def process_metrics_cost(runs: int) -> None:
+    """CPU time of rendering the agent's own registry with and without ProcessCollector (thread CPU
+    time, robust to a loaded machine), and the bytes it adds to the page."""
+    from prometheus_client import ProcessCollector
+
+    bare = CollectorRegistry(auto_describe=False)
+    with_process = CollectorRegistry(auto_describe=False)
+    ProcessCollector(registry=with_process)
+    costs: dict[str, list[float]] = {"without": [], "with": []}
+    for _ in range(runs):
+        for name, registry in (("without", bare), ("with", with_process)):
+            t0 = time.thread_time()
+            for _ in range(20):
+                generate_latest(registry)
+            costs[name].append((time.thread_time() - t0) / 20)
+    med = statistics.median
+    extra = med(costs["with"]) - med(costs["without"])
+    size = len(generate_latest(with_process)) - len(generate_latest(bare))
+    print(f"process_* metrics, median of {runs} x 20 renders (thread CPU time):")
+    print(f"  per page            {extra * 1e6:7.1f} us CPU  (+{size} bytes), once per sample; 0 per scrape")
+
+
 def start_exporter(interval: str) -> tuple[subprocess.Popen[bytes], int]:
     port = free_port()
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
@@ -201,9 +226,14 @@ def scrape_clients(port: int, seconds: float, clients: int = 4) -> list[float]:
     return sorted(latencies)
 
 
+SCRAPE_CPU: list[float] = []  # exporter CPU seconds per scrape, one entry per run (robust to load)
+
+
 def scrape_latency(seconds: float, clients: int = 4) -> tuple[float, float, int]:
     proc, port = start_exporter("1s")
+    cpu0 = proc_cpu(proc.pid)
     latencies = scrape_clients(port, seconds, clients)
+    SCRAPE_CPU.append((proc_cpu(proc.pid) - cpu0) / max(1, len(latencies)))
     stop_process(proc)
     p50 = latencies[len(latencies) // 2]
     p99 = latencies[int(len(latencies) * 0.99)]
@@ -275,6 +305,7 @@ def main() -> None:
     parser.add_argument("--cpu-seconds", type=float, default=60)
     parser.add_argument("--scrape-seconds", type=float, default=10)
     parser.add_argument("--only-full-ring", action="store_true", help="run only the full-ring RSS stage")
+    parser.add_argument("--only-scrape", action="store_true", help="collect cycle, process_* cost and scrapes only")
     args = parser.parse_args()
     if args.only_full_ring:
         early, full = full_ring_rss()
@@ -282,6 +313,7 @@ def main() -> None:
         return
 
     collect_cycle(runs=101)
+    process_metrics_cost(runs=51)
 
     results = [scrape_latency(args.scrape_seconds) for _ in range(args.runs)]
     p50 = statistics.median(r[0] for r in results)
@@ -289,6 +321,9 @@ def main() -> None:
     n = statistics.median(r[2] for r in results)
     print(f"scrape latency, 4 concurrent clients, gzip, median of {args.runs} runs of {args.scrape_seconds:g} s:")
     print(f"  p50 {p50 * 1e3:.2f} ms   p99 {p99 * 1e3:.2f} ms   ({n:.0f} scrapes per run)")
+    print(f"  exporter CPU per scrape {statistics.median(SCRAPE_CPU) * 1e6:.0f} us (1 s collect cycles included)")
+    if args.only_scrape:
+        return
 
     cpu, rss, peak = cpu_and_rss(args.cpu_seconds)
     print(f"exporter at a 1 s interval over {args.cpu_seconds:g} s (scraped every 15 s):")

@@ -262,6 +262,14 @@ async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> boo
     return False
 
 
+def fleet_args(nodes: int) -> list[str]:
+    """The options an operator of a fleet this size sets (docs/bridge.md, Sizing): a fleet-wide series
+    budget for every node (an 8-GPU node is 848 series) and room for the whole fleet's names at once
+    (the default 10 new names a minute protects a bridge from a flood of invented names, not from its
+    own fleet's first start). A later --bridge-arg overrides them."""
+    return [f"--bridge.max-series={max(300_000, nodes * 1000)}", f"--bridge.new-nodes-per-minute={max(10, nodes)}"]
+
+
 async def steady(
     args: argparse.Namespace,
     nodes: int,
@@ -275,7 +283,7 @@ async def steady(
     group = "fleet" if bridges > 1 or scenario != "steady" else ""
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, offered)
-    with Stack(workdir, bridges, group, args.bridge_arg + variant[2], variant[1]) as stack:
+    with Stack(workdir, bridges, group, fleet_args(nodes) + args.bridge_arg + variant[2], variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         step = max(1, nodes // args.probes)
         prober = Prober(stack.vm, set(range(0, nodes, step)))
@@ -370,7 +378,8 @@ async def backlog(
     interval = args.interval or AGENT_INTERVAL
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, 0.0)
-    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", args.bridge_arg + variant[2], variant[1]) as stack:
+    bridge_args = fleet_args(nodes) + args.bridge_arg + variant[2]
+    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", bridge_args, variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         fleet = Fleet(settings, templates)
         fleet.start()

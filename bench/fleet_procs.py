@@ -198,6 +198,7 @@ class Bridge(_Server):
             f"--bridge.client-id={self.client_id}",
             f"--bridge.listen-address=127.0.0.1:{self.port}",
             *([f"--bridge.group={group}"] if group else []),
+            f"--bridge.state-dir={workdir / f'state-{index}'}",  # kept across a kill: the same index
             *extra,
         ]
         self.metrics_url = f"http://127.0.0.1:{self.port}/metrics"

@@ -16,6 +16,11 @@ from typing import Any
 
 import pytest
 
+try:
+    from . import leftovers
+except ImportError:  # a copy loaded outside the tests package (tests/test_ci_strict.py runs one)
+    import leftovers  # type: ignore[no-redef]
+
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "src"
 
@@ -55,6 +60,53 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.hookimpl(tryfirst=True)
 def pytest_collectreport(report: pytest.CollectReport) -> None:
     _fail_hidden_skip(report)
+
+
+# --- No process outlives the suite (tests/leftovers.py, docs/testing.md) ---------------------------------
+_FIRST_SEEN: dict[int, str] = {}  # PID -> the test after which it was first seen running
+_GRACE = 3.0  # seconds a process signalled by the last test's teardown may take to exit
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    leftovers.become_subreaper()
+    for proc in leftovers.descendants():
+        _FIRST_SEEN.setdefault(proc.pid, "(before the first test)")
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    yield
+    for proc in leftovers.descendants():
+        if proc.state != "Z":
+            _FIRST_SEEN.setdefault(proc.pid, item.nodeid)
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    """Fail the session when a process it started is still running, naming each and the test after
+    which it was first seen; then stop them all by PID, so that nothing leaks either way."""
+    left: list[leftovers.Proc] = []
+    deadline = time.monotonic() + _GRACE
+    while True:
+        found = leftovers.descendants()
+        leftovers.reap_zombies(found)
+        left = [p for p in found if p.state != "Z"]
+        if not left or time.monotonic() >= deadline:
+            break
+        time.sleep(0.05)
+    if not left:
+        return
+    lines = [f"{len(left)} process(es) started by the tests outlived them (stopped now):"]
+    lines += [f"  {proc}  [first seen after {_FIRST_SEEN.get(proc.pid, 'the last test')}]" for proc in left]
+    reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+    if reporter is not None:
+        reporter.write("\n")
+        for line in lines:
+            reporter.write_line(line, red=True, bold=True)
+    else:
+        print("\n".join(lines), file=sys.stderr)
+    leftovers.stop_descendants()
+    session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
 
 def free_port() -> int:
@@ -98,6 +150,36 @@ def wait_until(predicate: Callable[[], Any], timeout: float, interval: float = 0
 
 def wait_for(predicate: Callable[[], Any], timeout: float = 15.0, step: float = 0.05) -> bool:
     return bool(wait_until(predicate, timeout, step))
+
+
+def wait_progressing(
+    done: Callable[[], Any], progress: Callable[[], Any], stall: float, what: str, interval: float = 0.5
+) -> Any:
+    """Poll ``done`` until it returns something truthy (then return it), for as long as the work moves.
+
+    For work whose amount is fixed but whose speed is the machine's (a flood the bridge must decode):
+    on a loaded machine it takes longer, so there is no deadline; it fails when ``progress()`` (a
+    reading of the work, such as messages received and samples written) has not changed for ``stall``
+    seconds, which is a hang, not load. The test's own timeout stays the last guard."""
+
+    def reading(check: Callable[[], Any]) -> Any:
+        try:
+            return check()
+        except OSError:  # an endpoint too busy to answer in time: not done, no progress seen
+            return None
+
+    last = reading(progress)
+    moved = time.monotonic()
+    while True:
+        value = reading(done)
+        if value:
+            return value
+        now = reading(progress)
+        if now is not None and now != last:
+            last, moved = now, time.monotonic()
+        elif time.monotonic() - moved > stall:
+            raise AssertionError(f"no progress for {stall:g}s waiting for {what} (still at {last!r})")
+        time.sleep(interval)
 
 
 def stop_process(proc: subprocess.Popen[Any], sig: int = signal.SIGTERM, timeout: float = 10.0) -> int:

@@ -9,7 +9,8 @@ a path under a hostPath mount lives in the test node's host directory (``<node>/
 ``/proc``, which is this machine's), anything else (the ConfigMap) under ``<node>/pod/...``.
 
 ``CloudBroker`` runs deploy/cloud-broker/mosquitto.conf with its two listeners on free ports and its
-certificate, ACL and data paths in a test directory.
+certificate, ACL, password and data paths in a test directory; the bridge's user on the in-cluster
+listener gets a password there (``credentials``).
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ import yaml
 from .agent_proc import Proc
 from .bridge_helpers import BridgeProcess
 from .conftest import child_env, exporter_cmd
-from .mosquitto import Broker, Collector, make_tls, wait_until
+from .mosquitto import MOSQUITTO_PASSWD, Broker, Collector, make_tls, wait_until
 from .tcp_proxy import TcpProxy
 from .tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, free_port
 
@@ -186,15 +187,23 @@ class CloudBroker(MosquittoServer):
     """deploy/cloud-broker/mosquitto.conf on free ports: ``port`` for edge nodes (TLS), ``internal_port``."""
 
     name = "cloud-broker"
+    BRIDGE_USER = "gpu-exporter-bridge"
 
     def __init__(self, workdir: Path, tls: dict[str, str]) -> None:
         super().__init__(workdir)
         self.internal_port = free_port()
+        self.bridge_password = "bridge-secret"
+        self.password_file = workdir / "bridge-password"
+        self.password_file.write_text(self.bridge_password + "\n")
+        passwd = workdir / "passwd"
+        subprocess.run([MOSQUITTO_PASSWD, "-c", "-b", str(passwd), self.BRIDGE_USER, self.bridge_password], check=True)
         files = {
             "/mosquitto/certs/ca.crt": tls["ca"],
             "/mosquitto/certs/server.crt": tls["cert"],
             "/mosquitto/certs/server.key": tls["key"],
+            "/mosquitto/config/acl-cluster": str(CLOUD_BROKER / "acl-cluster"),
             "/mosquitto/config/acl": str(CLOUD_BROKER / "acl"),
+            "/mosquitto/config/passwd": str(passwd),
             "/mosquitto/data/": f"{workdir}/",
         }
         text = (CLOUD_BROKER / "mosquitto.conf").read_text(encoding="utf-8")
@@ -221,6 +230,11 @@ class CloudBroker(MosquittoServer):
         """The in-cluster listener, for the bridge and test subscribers."""
         return f"mqtt://127.0.0.1:{self.internal_port}"
 
+    @property
+    def credentials(self) -> list[str]:
+        """The bridge's options for the in-cluster listener's user (the bridge, `gpu-exporter tail`)."""
+        return [f"--mqtt.username={self.BRIDGE_USER}", f"--mqtt.password-file={self.password_file}"]
+
 
 @dataclass
 class Cloud:
@@ -244,10 +258,13 @@ def cloud_fixture(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Cl
     )
     broker.start()
     tsdb.start()
-    bridge = BridgeProcess(tmp_path, broker, tsdb.write_url, "cloud-bridge")  # type: ignore[arg-type]
+    bridge = BridgeProcess(tmp_path, broker, tsdb.write_url, "cloud-bridge", *broker.credentials)  # type: ignore[arg-type]
     try:
         internal = cast(Broker, SimpleNamespace(port=broker.internal_port))
-        with Collector(internal) as seen, TcpProxy(("127.0.0.1", broker.port)) as wan:
+        with (
+            Collector(internal, username=broker.BRIDGE_USER, password=broker.bridge_password) as seen,
+            TcpProxy(("127.0.0.1", broker.port)) as wan,
+        ):
             bridge.start()
             yield Cloud(broker, tsdb, bridge, seen, wan, tls)
     finally:

@@ -1,5 +1,5 @@
 """Issue 13's done-when, with real processes: a node 400 days ahead and a node an hour behind (real
-exporters under faketime, monotonic clock untouched) forward at the same time as a healthy node
+exporters with libfaketime preloaded, monotonic clock untouched) forward at the same time as a healthy node
 through one Mosquitto and one bridge into a real Prometheus, which also scrapes the bridge.
 
 Every healthy sample lands with its own timestamp; Prometheus's newest sample is not in the future;
@@ -10,9 +10,8 @@ both offsets and the PrometheusRule's GPUEdgeClockSkew expression returns exactl
 from __future__ import annotations
 
 import json
-import shutil
+import re
 import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -20,34 +19,26 @@ import pytest
 import yaml
 
 from .bridge_helpers import BridgeProcess, stored_points
-from .conftest import Exporter, child_env, exporter_cmd
+from .conftest import Exporter, child_env
+from .faketime import faketime_env, libfaketime
 from .mosquitto import Collector
 from .test_bridge_e2e import expected
 from .tsdb import MosquittoServer, PrometheusServer, http_get, wait_until
 
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(240)]
 
-FAKETIME = shutil.which("faketime") or "/usr/bin/faketime"
+LIBFAKETIME = libfaketime()
 RULES = Path(__file__).resolve().parent.parent / "deploy" / "prometheusrule.yaml"
 DAY = 86400
 
 
 class SkewedExporter(Exporter):
-    """The exporter with its wall clock shifted by libfaketime (``offset`` such as "+400d")."""
+    """The exporter with its wall clock shifted by libfaketime (``offset`` such as "+400d"), preloaded
+    into the exporter itself (tests/faketime.py): the PID the test signals is the exporter's."""
 
-    def __init__(self, offset: str, *args: str) -> None:
-        super().__init__(*args, env=child_env(FAKETIME_DONT_FAKE_MONOTONIC="1"))
+    def __init__(self, offset: str, library: str, *args: str) -> None:
+        super().__init__(*args, env=faketime_env(child_env(), offset, library))
         self.offset = offset
-
-    def start(self) -> Exporter:
-        self.proc = subprocess.Popen(
-            [FAKETIME, "-f", self.offset, *exporter_cmd(*self.args)],
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-        )
-        wait_until(lambda: self._ready(f"http://127.0.0.1:{self.port}/readyz"), 20, f"exporter at {self.offset}")
-        return self
 
 
 def _alert_expr(name: str) -> str:
@@ -60,8 +51,8 @@ def _alert_expr(name: str) -> str:
 
 
 def test_skewed_nodes_cannot_blind_the_fleet(tmp_path: Path) -> None:
-    if not Path(FAKETIME).exists():
-        pytest.skip("faketime is not installed (apt-get install faketime; .ci/run installs it)")
+    if LIBFAKETIME is None:
+        pytest.skip("libfaketime is not installed (apt-get install faketime; .ci/run installs it)")
     broker = MosquittoServer(tmp_path / "mqtt")
     prom = PrometheusServer(tmp_path / "prom", ooo_window="2h")
     bridge = BridgeProcess(tmp_path, broker, prom.write_url, "clock-bridge")
@@ -89,8 +80,8 @@ def test_skewed_nodes_cannot_blind_the_fleet(tmp_path: Path) -> None:
     try:
         with Collector(broker) as collector:
             bridge.start()
-            exporters.append(SkewedExporter("+400d", *args("edge-ahead")).start())
-            exporters.append(SkewedExporter("-1h", *args("edge-behind")).start())
+            exporters.append(SkewedExporter("+400d", LIBFAKETIME, *args("edge-ahead")).start())
+            exporters.append(SkewedExporter("-1h", LIBFAKETIME, *args("edge-behind")).start())
             exporters.append(Exporter(*args("edge-healthy")).start())
             wait_until(
                 lambda: (
@@ -102,7 +93,12 @@ def test_skewed_nodes_cannot_blind_the_fleet(tmp_path: Path) -> None:
             )
             time.sleep(3.0)  # all three keep forwarding side by side
             for exp in exporters:
-                exp.stop(signal.SIGTERM)  # a clean stop flushes the open batch
+                # a clean stop flushes the open batch: the exporter itself gets the signal and exits 0
+                # after its last step ("stopped"), within the time the kubelet would give it
+                code = exp.stop(signal.SIGTERM, timeout=20)
+                out = exp.output()
+                last = (out.strip().splitlines() or [""])[-1]
+                assert code == 0 and re.search(r"\bstopped\b", last), f"exit {code}: {out[-2000:]}"
             time.sleep(1.5)
             ended = time.time()
 

@@ -41,15 +41,27 @@ def test_two_replicas_share_one_subscription_each_under_its_own_stable_session()
     assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
 
 
-def test_the_arguments_are_a_valid_bridge_configuration(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_arguments_are_a_valid_bridge_configuration(tmp_path: Path) -> None:
+    secret = "/etc/gpu-exporter-bridge/mqtt/password"
+    (tmp_path / "password").write_text("from-the-secret\n")
     args = [
-        a.replace("$(POD_NAME)", "gpu-exporter-bridge-abc12")
+        a.replace("$(POD_NAME)", "gpu-exporter-bridge-abc12").replace(secret, str(tmp_path / "password"))
         for a in _deployment()["spec"]["template"]["spec"]["containers"][0]["args"][1:]
     ]
     parsed = cli.build_parser().parse_args(args)
-    settings = cli.settings_from(cfg.load(vars(parsed), environ={}))
+    env = {"GPU_EXPORTER_MQTT_USERNAME": "gpu-exporter-bridge"}  # from the Secret, as the manifest says
+    settings = cli.settings_from(cfg.load(vars(parsed), environ=env))
     assert settings.group and settings.client_id == "gpu-exporter-bridge-abc12"
     assert settings.session_expiry >= 3600
+    assert settings.mqtt_password == "from-the-secret"  # the cloud broker has no anonymous listener
+
+
+def test_the_bridge_authenticates_with_a_secret_it_cannot_start_without() -> None:
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    user = next(e for e in container["env"] if e["name"] == "GPU_EXPORTER_MQTT_USERNAME")
+    assert not user["valueFrom"]["secretKeyRef"].get("optional", False)
+    volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
+    assert not volumes["mqtt-secret"]["secret"].get("optional", False)
 
 
 def test_pod_is_hardened() -> None:

@@ -1,7 +1,8 @@
-"""Issue 13's series flood against the real bridge process: twenty valid messages from one node carrying
-a million distinct series in all, then a healthy node's batch, through Mosquitto into a real Prometheus.
+"""Series floods against the real bridge process, through Mosquitto into a real Prometheus. Issue 13's:
+twenty valid messages from one node carrying a million distinct series in all, then a healthy node's
+batch. Issue 20's, CI-sized: a flood spread over invented node names.
 
-The bound asserted is the design's: --bridge.max-series-per-node (default 20,000) caps what one node
+The bound asserted is the design's: --bridge.max-series-per-node (default 10,000) caps what one node
 creates, so neither Prometheus nor the bridge's caches hold the million; the bridge decodes at most
 --bridge.max-payload of inflated JSON per write group. Its peak RSS (VmHWM, read from /proc) must stay
 within the manifest's 512Mi limit (deploy/bridge.yaml) with margin. The figures are printed (-s).
@@ -16,19 +17,31 @@ from pathlib import Path
 
 import pytest
 
+from gpu_exporter import config as cfg
 from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
+from .bridge_attacks import series_flood
 from .bridge_helpers import BridgeProcess, Publisher, expected_points, make_batch, stored_points
+from .conftest import wait_progressing
 from .tsdb import MosquittoServer, PrometheusServer, http_get, wait_until
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(300)]
+# the flood is a fixed amount of work, waited for while it progresses; this only guards against a hang
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200)]
 
 MESSAGES = 20
 SERIES = 1_000_000
 DEVICES = 10
 MANIFEST_LIMIT = 512 * 1024 * 1024
-PER_NODE = 20_000  # --bridge.max-series-per-node's default
+PER_NODE = cfg.Config().bridge_max_series_per_node  # the default
+# what moves while the bridge works through the flood
+_PROGRESS = (
+    "messages_received_total",
+    "queue_messages",
+    "samples_written_total",
+    'write_requests_total{code="204"}',
+    'series_limited_total{node="edge-flood",reason="node"}',
+)
 
 
 def flood_payloads(node: str, t: float) -> list[bytes]:
@@ -69,14 +82,15 @@ def test_series_flood_is_capped_per_node_and_the_bridge_stays_within_its_memory_
         for payload in payloads:
             pub.publish("gpu-exporter/edge-flood/batch", payload)
         pub.publish("gpu-exporter/edge-healthy/batch", encode(healthy))
-        wait_until(
+        # a fixed amount of work at the machine's speed: wait as long as the bridge gets on with it
+        wait_progressing(
             lambda: (
                 bridge.metric("gpu_exporter_bridge_messages_received_total") == MESSAGES + 1
                 and bridge.metric("gpu_exporter_bridge_queue_messages") == 0
             ),
-            180,
+            lambda: [bridge.metric(f"gpu_exporter_bridge_{m}") for m in _PROGRESS],
+            120,
             "the bridge to write every message",
-            interval=0.5,
         )
         peak = _peak_rss(bridge.proc.pid)
         print(f"\nflood: {MESSAGES} messages, {SERIES} distinct series ({sum(map(len, payloads))} bytes compressed)")
@@ -92,11 +106,62 @@ def test_series_flood_is_capped_per_node_and_the_bridge_stays_within_its_memory_
         healthy_series = len(prom.samples('{node="edge-healthy"}'))
         head = json.loads(http_get(f"{prom.url}/api/v1/status/tsdb", 60))["data"]["headStats"]
         flood_series = int(head["numSeries"]) - healthy_series  # no query over a million series
-        limited = bridge.metric('gpu_exporter_bridge_series_limited_total{node="edge-flood"}')
+        limited = bridge.metric('gpu_exporter_bridge_series_limited_total{node="edge-flood",reason="node"}')
         print(f"series of the flooding node in Prometheus: {flood_series}; values dropped by the limit: {limited:.0f}")
         assert flood_series <= PER_NODE
         assert limited >= SERIES - PER_NODE
         assert peak < MANIFEST_LIMIT * 0.75, f"bridge peak RSS {peak / 2**20:.0f} MiB"
+    finally:
+        if pub is not None:
+            pub.close()
+        bridge.stop(signal.SIGKILL)
+        prom.stop()
+        broker.stop()
+
+
+def test_a_flood_spread_over_node_names_is_capped_by_new_names_and_the_fleet_budget(tmp_path: Path) -> None:
+    """Issue 20: the per-node cap no longer multiplies with the names a publisher invents. Names without
+    a retained status, after the bridge subscribed, get in at 3 a minute; together they stop at the
+    fleet's budget."""
+    broker = MosquittoServer(tmp_path / "mqtt")
+    prom = PrometheusServer(tmp_path / "prom", ooo_window="2h")
+    broker.start()
+    prom.start()
+    limits = ("--bridge.max-series-per-node=2000", "--bridge.max-series=5000", "--bridge.new-nodes-per-minute=3")
+    bridge = BridgeProcess(tmp_path, broker, prom.write_url, "spread-bridge", *limits)
+    names = [f"edge-spread-{i}" for i in range(8)]
+    messages = series_flood(names, 8 * 4999, time.time() - 60, devices=1)  # 5000 series each with gpu_up
+    pub = None
+    try:
+        bridge.start()
+        assert bridge.proc is not None
+        base = _peak_rss(bridge.proc.pid)
+        pub = Publisher(broker.port, client_id="spreader")
+        for topic, payload in messages:
+            pub.publish(topic, payload)
+        wait_until(
+            lambda: (
+                bridge.metric("gpu_exporter_bridge_messages_received_total") == len(messages)
+                and bridge.metric("gpu_exporter_bridge_queue_messages") == 0
+            ),
+            120,
+            "every message",
+            interval=0.5,
+        )
+        peak = _peak_rss(bridge.proc.pid)
+        head = json.loads(http_get(f"{prom.url}/api/v1/status/tsdb", 60))["data"]["headStats"]
+        print(f"\nspread: peak RSS {peak / 2**20:.0f} MiB (from {base / 2**20:.0f}), {head['numSeries']} series")
+        assert int(head["numSeries"]) == 5000
+        assert bridge.metric("gpu_exporter_bridge_new_nodes_total") == 3
+        assert bridge.metric("gpu_exporter_bridge_new_nodes_refused_total") == 5
+        assert bridge.metric("gpu_exporter_bridge_active_series") == 5000
+        limited = [
+            bridge.metric(f'gpu_exporter_bridge_series_limited_total{{node="{n}",reason="{why}"}}')
+            for n in names[:3]
+            for why in ("node", "fleet")
+        ]
+        assert limited == [3000, 0, 3000, 0, 0, 4000]
+        assert peak - base < 64 * 2**20
     finally:
         if pub is not None:
             pub.close()

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge import service
+from gpu_exporter.bridge import messages
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter
@@ -134,7 +134,7 @@ def test_a_group_that_fails_only_together_is_written_in_full_by_the_retry(receiv
 
 
 def test_per_node_label_values_are_capped(receiver: ScriptedReceiver, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "MAX_NODES", 5)
+    monkeypatch.setattr(messages, "MAX_NODES", 5)
     bridge, registry = _bridge(receiver)
     bridge.process([Received(1, 1, f"t/junk-{i}/batch", b"junk") for i in range(12)])
     nodes = {

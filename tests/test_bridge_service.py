@@ -147,7 +147,7 @@ def test_bad_payloads_are_acked_dropped_counted_per_node_and_the_stream_goes_on(
         assert bridge.value("gpu_exporter_bridge_payloads_dropped_total", node=node, reason="oversized") == 1
         assert bridge.value("gpu_exporter_bridge_payloads_dropped_total", node="other-node", reason="malformed") == 1
         warnings = [r.getMessage() for r in caplog.records if "dropped a" in r.getMessage()]
-        assert len([w for w in warnings if node in w]) == 1  # once per node
+        assert len(warnings) == 2  # one line a minute per reason (malformed, oversized), whatever the nodes
         assert want_in(prometheus, good)
     finally:
         pub.close()

@@ -187,5 +187,5 @@ def test_per_node_series_limit_counts_logs_once_and_spares_other_nodes(caplog: p
     calm = {tuple(labels) for req in rx.requests for labels, _ in req.series if ("node", "edge-calm") in labels}
     assert len(flood) == 100  # gpu_up and 99 XID series; nothing of the second batch's new series
     assert len(calm) == 51
-    assert _value(registry, "gpu_exporter_bridge_series_limited_total", node="edge-flood") == 201 + 300
+    assert _value(registry, "gpu_exporter_bridge_series_limited_total", node="edge-flood", reason="node") == 201 + 300
     assert sum("edge-flood" in r.getMessage() and "max-series-per-node" in r.getMessage() for r in caplog.records) == 1

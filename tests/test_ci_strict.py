@@ -10,6 +10,7 @@ import pytest
 pytest_plugins = ["pytester"]
 
 CONFTEST = (Path(__file__).parent / "conftest.py").read_text(encoding="utf-8")
+LEFTOVERS = (Path(__file__).parent / "leftovers.py").read_text(encoding="utf-8")  # the conftest imports it
 
 TESTS = """
 import pytest
@@ -33,7 +34,7 @@ pytest.skip("the amdsmi package is not installed", allow_module_level=True)
 
 def _run(pytester: pytest.Pytester) -> pytest.RunResult:
     pytester.makeconftest(CONFTEST)
-    pytester.makepyfile(test_tools=TESTS, test_module_skip=MODULE_SKIP)
+    pytester.makepyfile(leftovers=LEFTOVERS, test_tools=TESTS, test_module_skip=MODULE_SKIP)
     return pytester.runpytest_subprocess("-p", "no:cacheprovider", "-rA")
 
 

@@ -96,7 +96,7 @@ def test_port_in_use_is_one_line() -> None:
 
 
 def test_version_and_help() -> None:
-    assert run_cli("--version").stdout.startswith("gpu-exporter ")
+    assert run_cli("--version").stdout.startswith("gpu-exporter, version ")
     text = run_cli("--help").stdout
     for flag in (
         "--gpu-metrics-collection-interval",

@@ -37,6 +37,7 @@ from gpu_exporter import config
 from . import container_sandbox as sandbox
 from . import kustomize_lite
 from .conftest import free_port, http_get, wait_for
+from .fakes import nvml_lib
 from .mosquitto import Broker, Collector, make_tls
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -96,16 +97,10 @@ def _machine_node(host: Path) -> None:
 
 @pytest.fixture(scope="module")
 def nvml_library(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    compiler = shutil.which("cc") or shutil.which("gcc")
-    if compiler is None:
-        pytest.fail("a C compiler is needed to build the simulated NVML library (Debian package gcc)")
-    out = tmp_path_factory.mktemp("nvml") / "libnvidia-ml.so.1"
-    subprocess.run(
-        [compiler, "-shared", "-fPIC", "-O1", "-o", str(out), str(Path(__file__).parent / "fakes" / "fake_nvml.c")],
-        check=True,
-        timeout=120,
-    )
-    return out
+    try:
+        return nvml_lib.build(tmp_path_factory.mktemp("nvml"))
+    except RuntimeError as exc:
+        pytest.fail(str(exc))
 
 
 def nvidia_node(tmp_path: Path, library: Path) -> sandbox.Node:
@@ -282,20 +277,20 @@ def serve_and_forward(pod: Pod, broker: Broker, expected: list[str], uuid: str) 
 
 # --- each vendor's node --------------------------------------------------------------------------
 
-NVIDIA_LINES = [
-    'gpu_utilization_ratio{gpu="0",uuid="GPU-5a1b2c3d-0000-4000-8000-000000000000"} 0.37',
-    'gpu_utilization_ratio{gpu="1",uuid="GPU-5a1b2c3d-0000-4000-8000-000000000001"} 0.38',
-    'gpu_memory_used_bytes{gpu="0",uuid="GPU-5a1b2c3d-0000-4000-8000-000000000000"} 5368709120',
-    'gpu_power_watts{gpu="0",uuid="GPU-5a1b2c3d-0000-4000-8000-000000000000"} 41.5',
-    'gpu_temperature_celsius{gpu="1",uuid="GPU-5a1b2c3d-0000-4000-8000-000000000001",sensor="gpu"} 48',
+NVIDIA_LINES = [  # the simulator's readings at its start (fake_nvml.c computes them as SimNvml does)
+    'gpu_utilization_ratio{gpu="0",uuid="GPU-00000000-0000-4000-8000-000000000000"} 0.5',
+    'gpu_utilization_ratio{gpu="1",uuid="GPU-00000000-0001-4000-8000-000000000001"} 0.99',
+    'gpu_memory_used_bytes{gpu="0",uuid="GPU-00000000-0000-4000-8000-000000000000"} 59051216896',
+    'gpu_power_watts{gpu="0",uuid="GPU-00000000-0000-4000-8000-000000000000"} 345',
+    'gpu_temperature_celsius{gpu="1",uuid="GPU-00000000-0001-4000-8000-000000000001",sensor="gpu"} 73',
 ]
 
 
 def check_nvidia(docs: list[dict[str, Any]], tmp_path: Path, library: Path, broker: Broker, pods: list[Pod]) -> None:
     pod = Pod(docs, nvidia_node(tmp_path, library), tmp_path / "pod")
     pods.append(pod)
-    page = serve_and_forward(pod, broker, NVIDIA_LINES, "GPU-5a1b2c3d-0000-4000-8000-000000000000")
-    assert 'name="NVIDIA A2"' in page
+    page = serve_and_forward(pod, broker, NVIDIA_LINES, "GPU-00000000-0000-4000-8000-000000000000")
+    assert 'name="NVIDIA H100 80GB HBM3"' in page
 
 
 def test_nvidia_node(tmp_path: Path, nvml_library: Path, broker: Broker, pods: list[Pod]) -> None:

@@ -101,7 +101,7 @@ def test_rendered_manifests_pass_the_kubernetes_schemas(rendered: tuple[str, lis
 def test_standalone_manifests_pass_the_kubernetes_schemas() -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     checked = 0
-    for name in ("servicemonitor.yaml", "secret.example.yaml", "prometheus-adapter.yaml"):
+    for name in ("servicemonitor.yaml", "secret.example.yaml", "bridge.yaml"):
         for doc in yaml.safe_load_all((DEPLOY / name).read_text(encoding="utf-8")):
             if doc and "." not in doc["apiVersion"].split("/")[0]:  # core and apps kinds only; CRDs below
                 kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
@@ -177,24 +177,22 @@ def test_never_evicted_from_an_unreachable_node(rendered: tuple[str, list[dict[s
 
 
 def test_kubeedge_placement(rendered: tuple[str, list[dict[str, Any]]]) -> None:
+    """Which nodes, label by label: tests/test_deploy_placement.py. Here: the expressions' form."""
     overlay, docs = rendered
     spec = _pod_spec(docs)
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
     expressions = [e for term in terms for e in term["matchExpressions"]]
-    # Exists, never `accelerator=nvidia` equality, which misses nodes labelled otherwise.
-    assert {e["operator"] for e in expressions} == {"Exists"}
-    assert all("values" not in e for e in expressions)
-    gpu_keys = {"nvidia.com/gpu.present", "accelerator"}
-    assert all(any(e["key"] in gpu_keys for e in term["matchExpressions"]) for term in terms)
-    edge = "node-role.kubernetes.io/edge"
-    edge_role = [any(e["key"] == edge for e in t["matchExpressions"]) for t in terms]
+    # Exists, never `accelerator=nvidia` equality, which misses nodes labelled otherwise; the only
+    # values are those excluded (accelerator=amd is the AMD component's).
+    assert all(e["operator"] == "Exists" or e["operator"] == "NotIn" for e in expressions)
+    assert all(term["matchExpressions"][0]["operator"] == "Exists" for term in terms)
     toleration_keys = {(t.get("key"), t.get("value")) for t in spec["tolerations"]}
     if overlay == "kubeedge":
-        assert all(edge_role)
+        assert spec["nodeSelector"] == {"node-role.kubernetes.io/edge": ""}
         assert ("node-role.kubernetes.io/edge", None) in toleration_keys
         assert ("dedicated", "edge") in toleration_keys
     else:
-        assert not any(edge_role)
+        assert "nodeSelector" not in spec
         assert ("dedicated", "edge") not in toleration_keys
 
 
@@ -369,11 +367,10 @@ def _known_metric_names() -> set[str]:
 
 
 def test_prometheus_adapter_rule_is_valid_promql(tmp_path: Path) -> None:
-    docs = [d for d in yaml.safe_load_all((DEPLOY / "prometheus-adapter.yaml").read_text(encoding="utf-8")) if d]
-    configmap = _one(docs, "ConfigMap")
-    adapter = yaml.safe_load(configmap["data"]["config.yaml"])
+    values = yaml.safe_load((DEPLOY / "prometheus-adapter" / "values.yaml").read_text(encoding="utf-8"))
     exprs = {}
-    for rule in adapter["rules"]:
+    assert len(values["rules"]["custom"]) == 2
+    for rule in values["rules"]["custom"]:
         series = re.match(r"^\s*([a-zA-Z_:][a-zA-Z0-9_:]*)", rule["seriesQuery"])
         assert series and series.group(1) in _known_metric_names()
         assert {"namespace", "pod"} <= set(rule["resources"]["overrides"])

@@ -146,10 +146,17 @@ def test_broker_tls_with_the_wrong_ca_fails_and_the_right_one_passes(tmp_path: P
         b.stop()
 
 
-def test_a_clock_before_this_release_fails() -> None:
-    result = broker_checks.clock(Node(Config(), clock=lambda: 946684800.0))  # 2000-01-01
+def test_a_clock_before_this_release_fails_when_forwarding() -> None:
+    forwarding = Config(mqtt_url="mqtt://127.0.0.1:1")
+    result = broker_checks.clock(Node(forwarding, clock=lambda: 946684800.0))  # 2000-01-01
     assert result.status == "fail" and "NTP" in result.fix
-    assert broker_checks.clock(Node(Config())).status == "ok"
+    assert broker_checks.clock(Node(forwarding)).status == "ok"
+
+
+def test_the_clock_is_skipped_without_forwarding() -> None:
+    """Scraped samples get the scraper's timestamps: a wrong clock matters only to forwarded ones."""
+    result = broker_checks.clock(Node(Config(), clock=lambda: 946684800.0))
+    assert result.status == "skip" and "--mqtt.url" in result.detail
 
 
 def test_doctor_command_exits_1_with_json_naming_the_failure(tmp_path: Path) -> None:
@@ -173,7 +180,7 @@ def test_doctor_command_exits_1_with_json_naming_the_failure(tmp_path: Path) -> 
         timeout=60,
     )
     assert text.returncode == 0, text.stdout
-    assert all(line.split()[0] in ("ok", "warn") for line in text.stdout.splitlines()), text.stdout
+    assert all(line.split()[0] in ("ok", "warn", "skip") for line in text.stdout.splitlines()), text.stdout
     assert len(text.stdout.splitlines()) == len(report["checks"])
 
 
@@ -186,3 +193,29 @@ def test_doctor_bad_flag_is_one_line_exit_2() -> None:
         timeout=60,
     )
     assert result.returncode == 2 and result.stderr.count("\n") == 1
+
+
+def test_doctor_says_skip_for_what_it_did_not_check(tmp_path: Path) -> None:
+    """Another vendor's checks, pod attribution, spool, broker and clock without forwarding: "skip" (in
+    JSON too), never "ok ... not checked"."""
+    result = subprocess.run(
+        exporter_cmd("doctor", "--gpu-vendor=jetson", f"--path.sysfs={JETSON / 'sys'}", "--output=json"),
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+    status = {c["name"]: c["status"] for c in json.loads(result.stdout)["checks"]}
+    assert status == {
+        "nvidia-library": "skip",
+        "amd-library": "skip",
+        "device-nodes": "skip",
+        "nvidia-runtime": "skip",
+        "jetson-sysfs": "ok",
+        "pod-attribution": "skip",
+        "spool": "skip",
+        "mqtt-broker": "skip",
+        "clock": "skip",
+    }
+    assert "not checked" not in result.stdout

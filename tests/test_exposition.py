@@ -61,7 +61,7 @@ def test_page_passes_promtool_with_agent_metrics() -> None:
         backend.close()
     promtool_check(text)
     assert "gpu_exporter_collects_total 2" in text
-    assert "gpu_exporter_build_info{python_version=" in text
+    assert "gpu_exporter_build_info{build_date=" in text and 'revision="' in text
     assert "gpu_exporter_ring_samples 2" in text
     assert gzip.decompress(exposition.page(True)).decode() == text
 

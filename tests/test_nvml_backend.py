@@ -153,9 +153,9 @@ def test_gpu_lost_mid_run_then_back() -> None:
         asked: list[int | None] = []
         enter = sim._enter
 
-        def recording(call: str, handle: object = None) -> None:
-            asked.append(getattr(handle, "index", None))
-            enter(call, handle)
+        def recording(call: str, handle: object = None) -> object:
+            asked.append(sim.index_of(handle))
+            return enter(call, handle)
 
         sim._enter = recording  # type: ignore[method-assign]
         clock.now += 1

@@ -146,7 +146,14 @@ def test_a_wan_cut_longer_than_any_queue_loses_no_sample(cloud: Cloud, tmp_path:
         _check_every_sample_landed(cloud, agent, outage)
         # the broker hop, checked as docs/kubernetes.md says: `gpu-exporter tail` on the cloud broker
         tail = subprocess.run(
-            exporter_cmd("tail", f"--mqtt.url={cloud.broker.url}", f"--node={NODE}", "--count=1", "--timeout=20s"),
+            exporter_cmd(
+                "tail",
+                f"--mqtt.url={cloud.broker.url}",
+                *cloud.broker.credentials,
+                f"--node={NODE}",
+                "--count=1",
+                "--timeout=20s",
+            ),
             env=child_env(),
             capture_output=True,
             text=True,

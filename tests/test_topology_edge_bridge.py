@@ -66,8 +66,8 @@ def test_a_local_broker_with_a_bridge_loses_what_its_queue_cannot_hold(cloud: Cl
         assert wait_until(lambda: agent.gauge("gpu_exporter_collects_total") - taken_before > LARGEST_QUEUE + 10, 40)
         # the agent's spool stayed empty: the broker on its node acknowledged every batch at once
         assert agent.gauge("gpu_exporter_forward_connected") == 1
-        spooled = agent.gauge("gpu_exporter_forward_spool_batches")
-        assert spooled <= 2
+        # (what waits for its PUBACK is in the spool too: on a loaded machine a few batches, for a moment)
+        assert wait_until(lambda: agent.gauge("gpu_exporter_forward_spool_batches") <= 2, 20)
         cloud.wan.restore()
         taken = int(agent.gauge("gpu_exporter_collects_total"))
         (boot,) = cloud.seen.seqs()

@@ -142,9 +142,9 @@ def test_gzip_with_q0_is_refused_and_vary_is_sent(server: MetricsServer) -> None
     base = f"http://127.0.0.1:{server.port}/metrics"
     status, body, headers = http_get(base, {"Accept-Encoding": "gzip;q=0, identity"})
     assert status == 200 and "Content-Encoding" not in headers and b"gpu_power_watts" in body
-    assert headers["Vary"] == "Accept-Encoding"
+    assert headers["Vary"] == "Accept, Accept-Encoding"  # Accept: OpenMetrics is negotiated too
     _, _, headers = http_get(base, {"Accept-Encoding": "deflate, gzip;q=0.5"})
-    assert headers["Content-Encoding"] == "gzip" and headers["Vary"] == "Accept-Encoding"
+    assert headers["Content-Encoding"] == "gzip" and headers["Vary"] == "Accept, Accept-Encoding"
 
 
 @pytest.mark.parametrize(

@@ -109,7 +109,7 @@ def test_https_with_basic_auth_right_wrong_and_missing(serve: Any, tmp_path: Pat
     assert srv.stats.auth_failures == 5
 
 
-def test_a_successful_bcrypt_check_is_cached(
+def test_a_checked_pair_is_remembered_right_or_wrong(
     serve: Any, tmp_path: Path, tls: dict[str, str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls = []
@@ -124,9 +124,12 @@ def test_a_successful_bcrypt_check_is_cached(
     for _ in range(5):
         assert get(f"https://127.0.0.1:{srv.port}/metrics", tls["ca"], ("prometheus", PASSWORD))[0] == 200
     assert len(calls) == 1
-    for _ in range(2):
+    for _ in range(3):
         assert get(f"https://127.0.0.1:{srv.port}/metrics", tls["ca"], ("prometheus", "nope"))[0] == 401
-    assert len(calls) == 3  # failures are never cached
+        assert get(f"https://127.0.0.1:{srv.port}/metrics", tls["ca"], ("nobody", "nope"))[0] == 401
+    assert len(calls) == 3  # a wrong pair sent again costs no bcrypt round, for a known user or not
+    assert get(f"https://127.0.0.1:{srv.port}/metrics", tls["ca"], ("prometheus", "other"))[0] == 401
+    assert len(calls) == 4  # a pair never seen does
 
 
 def test_mutual_tls(serve: Any, tmp_path: Path, tls: dict[str, str]) -> None:

@@ -14,6 +14,7 @@ unmutated tests fail. It takes a few minutes; it is not part of .ci/run (docs/te
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -32,178 +33,527 @@ class Mutant:
     path: str  # relative to the repository root
     old: str
     new: str
-    tests: tuple[str, ...]
+    tests: tuple[str, ...]  # test files, or file::test node ids
     why: str  # the bug, as a reviewer would describe it
+    area: str = ""
 
 
-MUTANTS = (
-    # -- the payload codec (forward/batch.py) ---------------------------------------------------------
-    Mutant(
-        "codec-untyped-seq",
-        "src/gpu_exporter/forward/batch.py",
-        '    if not isinstance(value, list):\n        raise PayloadError(f"{where} must be an array, not {_jtype(value)}")\n'
-        "    out: list[int] = []\n",
-        "    out: list[int] = []\n",
-        ("tests/test_forward_batch.py",),
-        "seq/time_ms not checked to be arrays: a number there raises TypeError inside the decoder",
+def _area(area: str, *mutants: Mutant) -> tuple[Mutant, ...]:
+    return tuple(dataclasses.replace(m, area=area) for m in mutants)
+
+
+# Mutants by area. Each names the narrowest tests that cover it (a file, or a file::test node id), so that
+# the whole run stays within minutes. Snippets are core lines that change rarely; a snippet that moved
+# stops the run before anything is tested (see _check_snippets).
+MUTANTS: tuple[Mutant, ...] = (
+    *_area(
+        "codec",
+        Mutant(
+            "codec-untyped-seq",
+            "src/gpu_exporter/forward/batch.py",
+            '    if not isinstance(value, list):\n        raise PayloadError(f"{where} must be an array, not {_jtype(value)}")\n'
+            "    out: list[int] = []\n",
+            "    out: list[int] = []\n",
+            ("tests/test_forward_batch.py",),
+            "seq/time_ms not checked to be arrays: a number there raises TypeError inside the decoder",
+        ),
+        Mutant(
+            "codec-second-order",
+            "src/gpu_exporter/forward/batch.py",
+            "        deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))\n",
+            "        deltas = list(itertools.accumulate(deltas))\n",
+            ("tests/test_forward_batch.py",),
+            "second-order deltas undone from the wrong start: smooth columns decode to wrong values",
+        ),
+        Mutant(
+            "codec-reference-sign",
+            "src/gpu_exporter/forward/batch.py",
+            '        if sign < 0:\n            ref["sign"] = -1\n',
+            "",
+            ("tests/test_forward_batch.py",),
+            "a column moving against an earlier one (memory free vs used) is encoded as moving with it",
+        ),
+        Mutant(
+            "columns-empty-array",
+            "src/gpu_exporter/bridge/columns.py",
+            "            form = col[0] if col else None\n",
+            "            form = col[0]\n",
+            ("tests/test_bridge_columns.py", "tests/test_bridge_fuzz.py"),
+            "an empty array column raises IndexError in the reader instead of a refusal",
+        ),
+        Mutant(
+            "columns-second-order",
+            "src/gpu_exporter/bridge/columns.py",
+            "            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas\n",
+            "            deltas = list(accumulate(deltas))\n",
+            ("tests/test_bridge_columns.py",),
+            "the fast path undoes second-order deltas wrongly: the bridge writes wrong values",
+        ),
     ),
-    Mutant(
-        "codec-second-order",
-        "src/gpu_exporter/forward/batch.py",
-        "        deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))\n",
-        "        deltas = list(itertools.accumulate(deltas))\n",
-        ("tests/test_forward_batch.py",),
-        "second-order deltas undone from the wrong start: smooth columns decode to wrong values",
+    *_area(
+        "spool",
+        Mutant(
+            "spool-caps-drop-inflight",
+            "src/gpu_exporter/forward/spool.py",
+            "            if (entry == keep and len(self._index) > 1) or entry.key in self.pinned:\n",
+            "            if entry == keep and len(self._index) > 1:\n",
+            ("tests/test_forward_spool.py",),
+            "the byte cap drops a batch the broker is acknowledging: counted as lost and as delivered",
+        ),
+        Mutant(
+            "spool-log-every-refusal",
+            "src/gpu_exporter/forward/spool.py",
+            "        if not self._refusing or now - self._logged_at >= _LOG_EVERY:\n",
+            "        if True:\n",
+            ("tests/test_forward_spool.py",),
+            "a full disk logs one line per refused batch instead of one",
+        ),
     ),
-    Mutant(
-        "codec-reference-sign",
-        "src/gpu_exporter/forward/batch.py",
-        '        if sign < 0:\n            ref["sign"] = -1\n',
-        "",
-        ("tests/test_forward_batch.py",),
-        "a column moving against an earlier one (memory free vs used) is encoded as moving with it",
+    *_area(
+        "forwarder",
+        Mutant(
+            "forwarder-refusal-as-ack",
+            "src/gpu_exporter/forward/service.py",
+            "        if not ok:\n            self.metrics.publish_errors.inc()\n",
+            "        if False:\n            self.metrics.publish_errors.inc()\n",
+            ("tests/test_forward_paths.py",),
+            "a batch the broker refused is deleted from the spool as if acknowledged",
+        ),
+        Mutant(
+            "forwarder-replay-burst",
+            "src/gpu_exporter/forward/service.py",
+            "        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)\n",
+            "        self._tokens = self._tokens + (now - self._tokens_at) * rate\n",
+            ("tests/test_forward_paths.py",),
+            "after a pause the replay rate's tokens pile up: the backlog goes out in one burst",
+        ),
+        Mutant(
+            "forwarder-keeps-corrupt-journal",
+            "src/gpu_exporter/forward/service.py",
+            "                self.spool.forget_journal([key])\n",
+            "",
+            ("tests/test_forward_paths.py",),
+            "a corrupt journal entry stays in the spool and is counted again at every start",
+        ),
+        Mutant(
+            "forwarder-batch-one-late",
+            "src/gpu_exporter/forward/service.py",
+            "        if len(b.samples) >= self.config.mqtt_batch_max_samples:\n",
+            "        if len(b.samples) > self.config.mqtt_batch_max_samples:\n",
+            ("tests/test_forward_paths.py",),
+            "a batch closes one sample after --mqtt.batch-max-samples",
+        ),
+        # the six kinds of change that close the open batch at once (an alert waits for them)
+        *(
+            Mutant(
+                f"forwarder-event-{key}",
+                "src/gpu_exporter/forward/service.py",
+                f'        "{key}",\n',
+                "",
+                ("tests/test_batch_events.py",),
+                f"a change of {key} no longer closes the batch at once: its alert waits for the batch interval",
+            )
+            for key in (
+                "xid_errors",
+                "ecc_uncorrected_volatile",
+                "ecc_uncorrected_aggregate",
+                "ecc_block_uncorrected",
+                "remapped_rows_uncorrectable",
+                "remapped_rows_failure",
+            )
+        ),
     ),
-    # -- the bridge's column reader (bridge/columns.py) -----------------------------------------------
-    Mutant(
-        "columns-empty-array",
-        "src/gpu_exporter/bridge/columns.py",
-        "            form = col[0] if col else None\n",
-        "            form = col[0]\n",
-        ("tests/test_bridge_columns.py", "tests/test_bridge_fuzz.py"),
-        "an empty array column raises IndexError in the reader instead of a refusal",
+    *_area(
+        "summaries",
+        Mutant(
+            "summary-max-is-last",
+            "src/gpu_exporter/forward/summary.py",
+            '            out[(f"{key}:max", labels)] = high\n',
+            '            out[(f"{key}:max", labels)] = vs[-1]\n',
+            ("tests/test_forward_summary.py",),
+            "a summary's max is the window's last value: a spike inside the window is lost",
+        ),
+        Mutant(
+            "link-meter-counts-latency",
+            "src/gpu_exporter/forward/link_meter.py",
+            "            busy -= min(latency, rtt)\n",
+            "            busy -= 0.0\n",
+            ("tests/test_forward_summary.py",),
+            "a batch sent alone counts the round trip as transfer time: a far but fast link looks weak",
+        ),
+        Mutant(
+            "adaptive-raw-ahead-of-summaries",
+            "src/gpu_exporter/forward/adaptive.py",
+            "        return not self.active or self.meter.seconds_for(size) <= until_next\n",
+            "        return True\n",
+            ("tests/test_forward_summary.py",),
+            "on a weak link full-resolution batches fill the link and the next summary waits behind them",
+        ),
+        Mutant(
+            "summary-window-uncapped",
+            "src/gpu_exporter/forward/adaptive.py",
+            "        if rate > 0.75 * budget and self.factor < MAX_FACTOR:\n",
+            "        if rate > 0.75 * budget:\n",
+            ("tests/test_summary_window.py",),
+            "the summary window keeps doubling on a thin link: the cloud hears from the node once an hour, then never",
+        ),
+        Mutant(
+            "summary-window-never-narrows",
+            "src/gpu_exporter/forward/adaptive.py",
+            "        elif rate < 0.25 * budget and self.factor > 1:\n",
+            "        elif False:\n",
+            ("tests/test_summary_window.py",),
+            "once widened, the summary window stays wide after the link recovers",
+        ),
+        Mutant(
+            "summary-merge-mean-unweighted",
+            "src/gpu_exporter/forward/summary.py",
+            "            mean = math.fsum(r[2] * r[3] for r in rows) / (sum(r[3] for r in rows) or 1.0)\n",
+            "            mean = math.fsum(r[2] for r in rows) / len(rows)\n",
+            ("tests/test_forward_summary.py::test_merged_windows_keep_the_extremes_and_weigh_the_means_by_window",),
+            "merged backlog windows average their means without weighing them by window length",
+        ),
+        Mutant(
+            "bridge-summary-counter-filled",
+            "src/gpu_exporter/bridge/summaries.py",
+            '        if stat != "last" or not _gauge(base):\n',
+            '        if stat != "last":\n',
+            ("tests/test_forward_summary.py", "tests/test_bridge_summaries.py"),
+            "the bridge writes a counter's last value as its min, max and mean too: _max series of counters appear",
+        ),
     ),
-    Mutant(
-        "columns-second-order",
-        "src/gpu_exporter/bridge/columns.py",
-        "            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas\n",
-        "            deltas = list(accumulate(deltas))\n",
-        ("tests/test_bridge_columns.py",),
-        "the fast path undoes second-order deltas wrongly: the bridge writes wrong values",
+    *_area(
+        "bridge",
+        Mutant(
+            "sender-ignores-retry-after",
+            "src/gpu_exporter/bridge/sender.py",
+            "            wait = max(delay, retry_after or 0.0)\n",
+            "            wait = delay\n",
+            ("tests/test_bridge_sender.py", "tests/test_bridge_paths.py"),
+            "a 429's Retry-After is ignored: the bridge hammers a receiver that asked it to wait",
+        ),
+        Mutant(
+            "sender-uncapped-wait",
+            "src/gpu_exporter/bridge/sender.py",
+            "            wait = min(wait, self._backoff_max) * random.uniform(0.8, 1.0)\n",
+            "            wait = wait * random.uniform(0.8, 1.0)\n",
+            ("tests/test_bridge_paths.py",),
+            "a receiver's Retry-After of an hour stalls the whole fleet's stream past --remote-write.max-backoff",
+        ),
+        Mutant(
+            "sender-condemns-older-half",
+            "src/gpu_exporter/bridge/sender.py",
+            "        if verdict.ordered and newer_all_refused:\n",
+            "        if verdict.ordered:\n",
+            ("tests/test_bridge_sender.py",),
+            "after a 'too old' refusal the older half is dropped even though the newer half was written",
+        ),
+        Mutant(
+            "bridge-fresh-as-replay",
+            "src/gpu_exporter/bridge/service.py",
+            "if seqs[i] not in taken]\n",
+            "if seqs[i] in taken]\n",
+            ("tests/test_bridge_fuzz.py",),
+            "every fresh sample is taken for a replay and never written",
+        ),
+        Mutant(
+            "bridge-summary-as-raw-replay",
+            "src/gpu_exporter/bridge/service.py",
+            '    return batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
+            "    return batch.boot\n",
+            ("tests/test_bridge_summaries.py",),
+            "summaries share the raw samples' replay memory: the full resolution that follows them is dropped",
+        ),
+        Mutant(
+            "bridge-marks-before-write",
+            "src/gpu_exporter/bridge/service.py",
+            "        outcome = self._writer.write(converted.series)\n"
+            "        now = time.time()\n"
+            "        for batch, keep in decoded:\n"
+            "            self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])\n",
+            "        for batch, keep in decoded:\n"
+            "            self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])\n"
+            "        outcome = self._writer.write(converted.series)\n"
+            "        now = time.time()\n",
+            ("tests/test_bridge_replays.py::test_a_write_that_failed_does_not_count_its_samples_as_written",),
+            "a message is marked as written before its remote write: after a failed write the one-by-one retry "
+            "takes every sample for a replay (72 samples -> 0)",
+        ),
+        Mutant(
+            "bridge-keeps-pre-1970",
+            "src/gpu_exporter/bridge/clock.py",
+            "        kept = [i for i in positions if 0 <= times[i] <= now_ms]\n",
+            "        kept = [i for i in positions if times[i] <= now_ms]\n",
+            ("tests/test_bridge_timestamps.py",),
+            "samples stamped before 1970 are counted as refused but written all the same",
+        ),
+        Mutant(
+            "bridge-correction-rounded-to-nearest",
+            "src/gpu_exporter/bridge/clock.py",
+            "                offset = math.ceil(skew / 1000) * 1000\n",
+            "                offset = round(skew / 1000) * 1000\n",
+            (
+                "tests/test_bridge_timestamps.py::"
+                "test_a_lead_of_a_fraction_of_a_second_is_corrected_by_whole_seconds_up_never_into_the_future",
+            ),
+            "a skewed node's correction is rounded to the nearest second: its newest samples can land in the future",
+        ),
+        Mutant(
+            "bridge-skew-ignores-broker-hold",
+            "src/gpu_exporter/bridge/clock.py",
+            "        held_ms = (sendtime.EXPIRY_S - remaining) * 1000\n",
+            "        held_ms = 0\n",
+            ("tests/test_bridge_trust.py",),
+            "a batch the broker held for minutes makes its node look minutes behind: healthy nodes get corrected",
+        ),
     ),
-    # -- the spool (forward/spool.py) ----------------------------------------------------------------
-    Mutant(
-        "spool-caps-drop-inflight",
-        "src/gpu_exporter/forward/spool.py",
-        "            if (entry == keep and len(self._index) > 1) or entry.key in self.pinned:\n",
-        "            if entry == keep and len(self._index) > 1:\n",
-        ("tests/test_forward_spool.py",),
-        "the byte cap drops a batch the broker is acknowledging: counted as lost and as delivered",
+    *_area(
+        "dedup",
+        Mutant(
+            "dedup-trim-keeps-oldest",
+            "src/gpu_exporter/bridge/dedup.py",
+            "            del self.los[: len(self.los) - max_ranges]\n            del self.his[: len(self.his) - max_ranges]\n",
+            "            del self.los[max_ranges:]\n            del self.his[max_ranges:]\n",
+            ("tests/test_bridge_replays.py::test_a_recent_replay_is_written_once_however_many_gaps_came_before",),
+            "over the range cap the newest ranges are dropped: a recent replay is written twice",
+        ),
+        Mutant(
+            "dedup-touching-ranges-kept-apart",
+            "src/gpu_exporter/bridge/dedup.py",
+            "        i = bisect.bisect_left(self.his, lo - 1)  # first range that could touch\n",
+            "        i = bisect.bisect_left(self.his, lo)  # first range that could touch\n",
+            (
+                "tests/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
+            ),
+            "consecutive batches stay separate ranges: a steady node fills the range cap and old replays are rewritten",
+        ),
+        Mutant(
+            "dedup-fifo-not-lru",
+            "src/gpu_exporter/bridge/dedup.py",
+            "            else:\n                self._streams.move_to_end(key)\n",
+            "            else:\n                pass\n",
+            (
+                "tests/test_bridge_replays.py::test_a_busy_node_keeps_its_replay_memory_while_idle_nodes_are_forgotten_first",
+            ),
+            "the stream cap forgets the oldest node, not the least recently written: a busy node's replays are rewritten",
+        ),
+        Mutant(
+            "dedup-range-end-unseen",
+            "src/gpu_exporter/bridge/dedup.py",
+            "        return i >= 0 and seq <= self.his[i]\n",
+            "        return i >= 0 and seq < self.his[i]\n",
+            (
+                "tests/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
+            ),
+            "the last sample of every written range is not recognised as a replay",
+        ),
     ),
-    Mutant(
-        "spool-log-every-refusal",
-        "src/gpu_exporter/forward/spool.py",
-        "        if not self._refusing or now - self._logged_at >= _LOG_EVERY:\n",
-        "        if True:\n",
-        ("tests/test_forward_spool.py",),
-        "a full disk logs one line per refused batch instead of one",
+    *_area(
+        "web",
+        Mutant(
+            "web-evicts-newest",
+            "src/gpu_exporter/web/server.py",
+            "            return min(waiting, key=lambda c: (not c.refused, c.since))\n",
+            "            return min(waiting, key=lambda c: (not c.refused, -c.since))\n",
+            ("tests/test_web_rules.py::test_at_the_cap_the_connection_waiting_longest_makes_room_not_the_newest",),
+            "at the connection cap the newest waiting connection is closed instead of the oldest",
+        ),
+        Mutant(
+            "web-gzip-wildcard-beats-refusal",
+            "src/gpu_exporter/web/server.py",
+            "    chosen = best if best is not None else star\n",
+            "    chosen = best or star\n",
+            (
+                "tests/test_web_rules.py::test_accept_encoding_a_named_gzip_beats_the_wildcard",
+                "tests/test_web_rules.py::test_gzip_refused_by_name_is_not_sent_whatever_the_wildcard_says",
+            ),
+            "Accept-Encoding 'gzip;q=0, *' is answered with gzip",
+        ),
+        Mutant(
+            "web-probes-need-credentials",
+            "src/gpu_exporter/web/server.py",
+            "        if path not in OPEN_PATHS and not self._admitted(srv):\n",
+            "        if not self._admitted(srv):\n",
+            ("tests/test_web_tls.py::test_https_with_basic_auth_right_wrong_and_missing",),
+            "with basic auth on, /healthz and /readyz want credentials: the kubelet's probes fail",
+        ),
+        Mutant(
+            "web-body-read-as-request",
+            "src/gpu_exporter/web/server.py",
+            "            self.close_connection = True  # never read a body as the next request\n",
+            "            pass  # never read a body as the next request\n",
+            ("tests/test_web_limits.py::test_a_request_body_is_not_read_as_a_further_request",),
+            "a request body is read as a further request (request smuggling past the auth of the first)",
+        ),
+        Mutant(
+            "web-sweep-spares-answering",
+            "src/gpu_exporter/web/server.py",
+            "            late = [c for c in self._conns.values() if c.deadline < now]\n",
+            "            late = [c for c in self._conns.values() if c.waiting and c.deadline < now]\n",
+            ("tests/test_web_rules.py::test_clients_that_stop_reading_their_answer_lose_their_slots",),
+            "a client that stops reading its answer holds a connection slot (and a thread) for ever",
+        ),
     ),
-    # -- the forwarder (forward/service.py) ----------------------------------------------------------
-    Mutant(
-        "forwarder-refusal-as-ack",
-        "src/gpu_exporter/forward/service.py",
-        "        if not ok:\n            self.metrics.publish_errors.inc()\n",
-        "        if False:\n            self.metrics.publish_errors.inc()\n",
-        ("tests/test_forward_paths.py",),
-        "a batch the broker refused is deleted from the spool as if acknowledged",
+    *_area(
+        "auth",
+        Mutant(
+            "auth-password-colon",
+            "src/gpu_exporter/web/auth.py",
+            '    user, sep, password = decoded.partition(b":")\n',
+            '    user, sep, password = decoded.rpartition(b":")\n',
+            (
+                "tests/test_web_rules.py::test_a_password_with_colons_is_accepted_and_only_the_first_colon_ends_the_user",
+            ),
+            "a basic-auth password containing ':' is refused",
+        ),
+        Mutant(
+            "auth-cache-ignores-password",
+            "src/gpu_exporter/web/auth.py",
+            '        msg = b"%d:%d:%d:" % (known, len(user), len(hashed)) + user + hashed + password\n',
+            '        msg = b"%d:%d:%d:" % (known, len(user), len(hashed)) + user + hashed\n',
+            ("tests/test_web_tls.py::test_a_checked_pair_is_remembered_right_or_wrong",),
+            "after one good login the user's credentials are cached by name: any password passes",
+        ),
+        Mutant(
+            "auth-scheme-case-sensitive",
+            "src/gpu_exporter/web/auth.py",
+            '    if not authorization or authorization[:6].lower() != "basic ":\n',
+            '    if not authorization or authorization[:6] != "Basic ":\n',
+            ("tests/test_web_rules.py::test_the_auth_scheme_is_case_insensitive",),
+            "an Authorization header with the scheme in lower case ('basic ...') is refused",
+        ),
     ),
-    Mutant(
-        "forwarder-replay-burst",
-        "src/gpu_exporter/forward/service.py",
-        "        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)\n",
-        "        self._tokens = self._tokens + (now - self._tokens_at) * rate\n",
-        ("tests/test_forward_paths.py",),
-        "after a pause the replay rate's tokens pile up: the backlog goes out in one burst",
+    *_area(
+        "health",
+        Mutant(
+            "health-warning-xid-overwrites-failure",
+            "src/gpu_exporter/backends/health.py",
+            "                level = max(level, WARNING)\n",
+            "                level = WARNING\n",
+            ("tests/test_health_levels.py",),
+            "a warning XID after a failure XID turns gpu_health{subsystem=xid} from failure to warning",
+        ),
+        Mutant(
+            "health-repeated-xid-not-renewed",
+            "src/gpu_exporter/backends/health.py",
+            "            if count > state.xid_counts.get(code, 0.0) and code.isdigit():\n",
+            "            if count > 0 and code not in state.xid_counts and code.isdigit():\n",
+            ("tests/test_health_levels.py",),
+            "an XID that happens again does not renew its hour: the GPU looks healthy while it keeps failing",
+        ),
+        Mutant(
+            "health-counter-reset-as-burst",
+            "src/gpu_exporter/backends/health.py",
+            "                        rates[key] = max(0.0, value - old[key]) / span\n",
+            "                        rates[key] = abs(value - old[key]) / span\n",
+            ("tests/test_health_levels.py",),
+            "a counter reset (driver reload) reads as a burst of PCIe replays or throttling",
+        ),
+        Mutant(
+            "health-retired-pages-off-by-one",
+            "src/gpu_exporter/backends/health.py",
+            '    if present.get("remapped_rows_failure", 0.0) > 0 or retired >= RETIRED_PAGES_FAILURE:\n',
+            '    if present.get("remapped_rows_failure", 0.0) > 0 or retired > RETIRED_PAGES_FAILURE:\n',
+            ("tests/test_health_levels.py",),
+            "memory health fails one retired page later than documented",
+        ),
+        Mutant(
+            "backend-asks-lost-gpu",
+            "src/gpu_exporter/backends/_calls.py",
+            "        if not live.up and now < live.retry_at:\n",
+            "        if False:\n",
+            ("tests/test_nvml_backend.py",),
+            "a lost GPU is asked every cycle during its backoff (each call can hang for seconds)",
+        ),
     ),
-    Mutant(
-        "forwarder-keeps-corrupt-journal",
-        "src/gpu_exporter/forward/service.py",
-        "                self.spool.forget_journal([key])\n",
-        "",
-        ("tests/test_forward_paths.py",),
-        "a corrupt journal entry stays in the spool and is counted again at every start",
+    *_area(
+        "k8s",
+        Mutant(
+            "k8s-old-mig-id-ignores-compute-instance",
+            "src/gpu_exporter/k8s/podresources.py",
+            '        return parent == device.parent_uuid and rest == f"{device.gpu_instance}/{device.compute_instance}"\n',
+            '        return parent == device.parent_uuid and rest.split("/")[0] == device.gpu_instance\n',
+            ("tests/test_k8s_identity.py",),
+            "MIG-GPU-<uuid>/<gi>/<ci> matches every compute instance of the GPU instance: pods share each other's series",
+        ),
+        Mutant(
+            "k8s-replica-suffix-kept",
+            "src/gpu_exporter/k8s/podresources.py",
+            '    base = device_id.split("::", 1)[0]  # time-slicing replica <id>::<n>\n',
+            "    base = device_id  # time-slicing replica <id>::<n>\n",
+            ("tests/test_k8s_sources.py::test_device_ids_match_gpus_mig_instances_and_replicas",),
+            "time-slicing replicas (GPU-x::1) match no GPU: pods sharing a GPU are not named",
+        ),
+        Mutant(
+            "jetson-returning-pid-skipped",
+            "src/gpu_exporter/backends/jetson_procs.py",
+            "        self._quiet = quiet  # exited PIDs drop out\n",
+            "        self._quiet.update(quiet)  # exited PIDs drop out\n",
+            ("tests/test_k8s_identity.py::test_a_jetson_pid_that_comes_back_holding_the_gpu_is_seen_at_once",),
+            "a Jetson PID that exits and comes back as a GPU process is skipped as the old quiet one",
+        ),
+        Mutant(
+            "k8s-pid-cache-outlives-process",
+            "src/gpu_exporter/k8s/attribution.py",
+            "            del self._pids[pid]  # exited: its PID may be reused by another pod's process\n",
+            "            pass  # exited: its PID may be reused by another pod's process\n",
+            ("tests/test_k8s_pid_reuse.py",),
+            "a reused PID keeps the pod of the process that had it before",
+        ),
+        Mutant(
+            "k8s-energy-counter-reset-negative",
+            "src/gpu_exporter/k8s/energy.py",
+            "        if energy is not None and previous_energy is not None and energy >= previous_energy:\n",
+            "        if energy is not None and previous_energy is not None:\n",
+            ("tests/test_k8s_energy.py",),
+            "an energy counter that resets (driver reload) gives the interval no energy instead of power x time",
+        ),
     ),
-    Mutant(
-        "forwarder-batch-one-late",
-        "src/gpu_exporter/forward/service.py",
-        "        if len(b.samples) >= self.config.mqtt_batch_max_samples:\n",
-        "        if len(b.samples) > self.config.mqtt_batch_max_samples:\n",
-        ("tests/test_forward_paths.py",),
-        "a batch closes one sample after --mqtt.batch-max-samples",
+    *_area(
+        "config",
+        Mutant(
+            "config-durations-lose-lower-bound",
+            "src/gpu_exporter/config.py",
+            "        if not low <= seconds <= high:\n",
+            "        if seconds > high:\n",
+            ("tests/test_config_bounds.py",),
+            "--spool.max-age=0s and --mqtt.keepalive=0s are accepted",
+        ),
+        Mutant(
+            "config-bridge-durations-lose-lower-bound",
+            "src/gpu_exporter/config.py",
+            '        if seconds < low:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
+            '        if seconds < 0:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
+            ("tests/test_config_bounds.py",),
+            "--bridge.max-clock-skew=0s and --remote-write.timeout=0s are accepted",
+        ),
+        Mutant(
+            "config-counts-lose-lower-bound",
+            "src/gpu_exporter/config.py",
+            "        if value < low:\n",
+            "        if value < 0:\n",
+            ("tests/test_config.py",),
+            "--metrics-buffer-size=0 is accepted",
+        ),
     ),
-    # -- the bridge's sender (bridge/sender.py) and writer (bridge/service.py) ------------------------
-    Mutant(
-        "sender-ignores-retry-after",
-        "src/gpu_exporter/bridge/sender.py",
-        "            wait = max(delay, retry_after or 0.0)\n",
-        "            wait = delay\n",
-        ("tests/test_bridge_sender.py", "tests/test_bridge_paths.py"),
-        "a 429's Retry-After is ignored: the bridge hammers a receiver that asked it to wait",
-    ),
-    Mutant(
-        "sender-uncapped-wait",
-        "src/gpu_exporter/bridge/sender.py",
-        "            wait = min(wait, self._backoff_max) * random.uniform(0.8, 1.0)\n",
-        "            wait = wait * random.uniform(0.8, 1.0)\n",
-        ("tests/test_bridge_paths.py",),
-        "a receiver's Retry-After of an hour stalls the whole fleet's stream past --remote-write.max-backoff",
-    ),
-    Mutant(
-        "sender-condemns-older-half",
-        "src/gpu_exporter/bridge/sender.py",
-        "        if verdict.ordered and newer_all_refused:\n",
-        "        if verdict.ordered:\n",
-        ("tests/test_bridge_sender.py",),
-        "after a 'too old' refusal the older half is dropped even though the newer half was written",
-    ),
-    Mutant(
-        "bridge-fresh-as-replay",
-        "src/gpu_exporter/bridge/service.py",
-        "if seqs[i] not in taken]\n",
-        "if seqs[i] in taken]\n",
-        ("tests/test_bridge_fuzz.py",),
-        "every fresh sample is taken for a replay and never written",
-    ),
-    # -- the NVML backend's lost-GPU backoff (backends/_calls.py) ------------------------------------
-    Mutant(
-        "backend-asks-lost-gpu",
-        "src/gpu_exporter/backends/_calls.py",
-        "        if not live.up and now < live.retry_at:\n",
-        "        if False:\n",
-        ("tests/test_nvml_backend.py",),
-        "a lost GPU is asked every cycle during its backoff (each call can hang for seconds)",
-    ),
-    # -- adaptive forwarding on weak links (forward/summary.py, link_meter.py, adaptive.py; bridge) -----
-    Mutant(
-        "summary-max-is-last",
-        "src/gpu_exporter/forward/summary.py",
-        '            out[(f"{key}:max", labels)] = high\n',
-        '            out[(f"{key}:max", labels)] = vs[-1]\n',
-        ("tests/test_forward_summary.py",),
-        "a summary's max is the window's last value: a spike inside the window is lost",
-    ),
-    Mutant(
-        "link-meter-counts-latency",
-        "src/gpu_exporter/forward/link_meter.py",
-        "            busy -= min(latency, rtt)\n",
-        "            busy -= 0.0\n",
-        ("tests/test_forward_summary.py",),
-        "a batch sent alone counts the round trip as transfer time: a far but fast link looks weak",
-    ),
-    Mutant(
-        "adaptive-raw-ahead-of-summaries",
-        "src/gpu_exporter/forward/adaptive.py",
-        "        return not self.active or self.meter.seconds_for(size) <= until_next\n",
-        "        return True\n",
-        ("tests/test_forward_summary.py",),
-        "on a weak link full-resolution batches fill the link and the next summary waits behind them",
-    ),
-    Mutant(
-        "bridge-summary-as-raw-replay",
-        "src/gpu_exporter/bridge/service.py",
-        '    return batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
-        "    return batch.boot\n",
-        ("tests/test_bridge_summaries.py",),
-        "summaries share the raw samples' replay memory: the full resolution that follows them is dropped",
+    *_area(
+        "sampler",
+        Mutant(
+            "ring-missed-off-by-one",
+            "src/gpu_exporter/ring.py",
+            "        missed = max(0, first - seq - 1)\n",
+            "        missed = max(0, first - seq)\n",
+            ("tests/test_ring_sampler.py",),
+            "a reader that kept up is told it missed a sample (counted as lost)",
+        ),
+        Mutant(
+            "sampler-drifts",
+            "src/gpu_exporter/sampler.py",
+            "            next_tick += self.interval\n",
+            "            next_tick = self._monotonic() + self.interval\n",
+            ("tests/test_ring_sampler.py",),
+            "each cycle's duration is added to the interval: the schedule drifts",
+        ),
     ),
 )
 
@@ -227,12 +577,27 @@ def _copy_tree(dest: Path) -> None:
             shutil.copy2(src, dst)
 
 
+def _test_exists(test: str) -> bool:
+    """A test file, or a ``file::function`` node id whose function the file defines."""
+    path, _, function = test.partition("::")
+    if not (ROOT / path).is_file():
+        return False
+    name = function.partition("[")[0]
+    return not name or f"def {name}(" in (ROOT / path).read_text(encoding="utf-8")
+
+
+def _baseline_tests(mutants: list[Mutant]) -> tuple[str, ...]:
+    """Every test the mutants name, a node id left out where its whole file is listed (run once)."""
+    tests = {t for m in mutants for t in m.tests}
+    return tuple(sorted(t for t in tests if "::" not in t or t.partition("::")[0] not in tests))
+
+
 def _check_snippets(mutants: list[Mutant]) -> list[str]:
     problems = []
     for m in mutants:
-        missing = [t for t in m.tests if not (ROOT / t).is_file()]
+        missing = [t for t in m.tests if not _test_exists(t)]
         if missing:  # pytest would fail on them, which would read as a kill
-            problems.append(f"{m.name}: no such test file: {', '.join(missing)}")
+            problems.append(f"{m.name}: no such test: {', '.join(missing)}")
         text = (ROOT / m.path).read_text(encoding="utf-8")
         count = text.count(m.old)
         if count != 1:
@@ -261,11 +626,18 @@ def _pytest(tree: Path, tests: tuple[str, ...], timeout: float) -> tuple[str, fl
     return ("pass" if result.returncode == 0 else "fail"), time.monotonic() - started, tail
 
 
+def _failures(tail: str) -> list[str]:
+    """The tests pytest reported as failed, from the end of its output."""
+    return [line for line in tail.splitlines() if line.startswith(("FAILED ", "ERROR "))]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", nargs="+", metavar="NAME", help="run only these mutants")
+    parser.add_argument("--area", nargs="+", metavar="AREA", help="run only the mutants of these areas")
     parser.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default %(default)s)")
     parser.add_argument("--list", action="store_true", help="list the mutants and exit")
+    parser.add_argument("-v", "--verbose", action="store_true", help="name the failing tests of each kill")
     args = parser.parse_args(argv)
 
     mutants = list(MUTANTS)
@@ -274,9 +646,14 @@ def main(argv: list[str] | None = None) -> int:
         if unknown:
             parser.error(f"unknown mutant(s): {', '.join(unknown)}")
         mutants = [m for m in mutants if m.name in args.only]
+    if args.area:
+        unknown = sorted(set(args.area) - {m.area for m in mutants})
+        if unknown:
+            parser.error(f"unknown area(s): {', '.join(unknown)} (see --list)")
+        mutants = [m for m in mutants if m.area in args.area]
     if args.list:
         for m in mutants:
-            print(f"{m.name:34} {m.path:40} {m.why}")
+            print(f"{m.area:10} {m.name:42} {m.path:44} {m.why}")
         return 0
     problems = _check_snippets(mutants)
     if problems:
@@ -285,12 +662,14 @@ def main(argv: list[str] | None = None) -> int:
         print("mutate: the code or tests moved under a mutant; update tools/mutate.py", file=sys.stderr)
         return 2
 
+    began = time.monotonic()
+    width = max(len(m.name) for m in mutants)
     with tempfile.TemporaryDirectory(prefix="gpu-exporter-mutate-") as tmp:
         tree = Path(tmp)
         _copy_tree(tree)
-        files = sorted({t for m in mutants for t in m.tests})
-        print(f"baseline: {len(files)} test files on the unmutated copy ...", flush=True)
-        outcome, took, tail = _pytest(tree, tuple(files), args.timeout * 2)
+        baseline = _baseline_tests(mutants)
+        print(f"baseline: {len(baseline)} test files and tests on the unmutated copy ...", flush=True)
+        outcome, took, tail = _pytest(tree, baseline, args.timeout * 4)
         if outcome != "pass":
             print(tail, file=sys.stderr)
             print(f"mutate: the unmutated tests did not pass ({outcome}); fix them first", file=sys.stderr)
@@ -303,22 +682,35 @@ def main(argv: list[str] | None = None) -> int:
             pristine = (ROOT / m.path).read_text(encoding="utf-8")
             target.write_text(pristine.replace(m.old, m.new), encoding="utf-8")
             try:
-                outcome, took, _tail = _pytest(tree, m.tests, args.timeout)
+                outcome, took, tail = _pytest(tree, m.tests, args.timeout)
             finally:
                 target.write_text(pristine, encoding="utf-8")
             verdict = "survived" if outcome == "pass" else "killed" + (" (timeout)" if outcome == "timeout" else "")
             rows.append((m, verdict, took))
-            print(f"  {m.name:34} {verdict:18} {took:5.0f} s", flush=True)
+            print(f"  {m.area:10} {m.name:{width}} {verdict:18} {took:5.0f} s", flush=True)
+            if args.verbose and outcome == "fail":
+                for line in _failures(tail)[:3]:
+                    print(f"      {line[:160]}", flush=True)
 
-    width = max(len(m.name) for m in mutants)
     print()
-    print(f"{'mutant':{width}}  {'result':18} {'tests':48} bug")
+    print(f"{'area':10} {'mutant':{width}}  {'result':18} bug")
     for m, verdict, _took in rows:
-        tests = ",".join(Path(t).name for t in m.tests)
-        print(f"{m.name:{width}}  {verdict:18} {tests:48} {m.why}")
+        print(f"{m.area:10} {m.name:{width}}  {verdict:18} {m.why}")
+    print()
+    print(f"{'area':10} {'mutants':>7} {'killed':>6} {'survived':>8} {'seconds':>7}")
+    for area in dict.fromkeys(m.area for m, _, _ in rows):
+        mine = [(verdict, took) for m, verdict, took in rows if m.area == area]
+        killed = sum(1 for verdict, _ in mine if verdict != "survived")
+        seconds = sum(took for _, took in mine)
+        print(f"{area:10} {len(mine):7} {killed:6} {len(mine) - killed:8} {seconds:7.0f}")
     survivors = [m.name for m, verdict, _ in rows if verdict == "survived"]
     print()
-    print(f"{len(rows)} mutants, {len(rows) - len(survivors)} killed, {len(survivors)} survived")
+    print(
+        f"{len(rows)} mutants, {len(rows) - len(survivors)} killed, {len(survivors)} survived "
+        f"({time.monotonic() - began:.0f} s in all)"
+    )
+    if survivors:
+        print(f"survived: {', '.join(survivors)}")
     return 1 if survivors else 0
 
 

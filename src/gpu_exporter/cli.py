@@ -9,22 +9,21 @@ from __future__ import annotations
 import argparse
 import errno
 import importlib
-import json
 import logging
 import os
 import signal
 import sys
 import threading
-import time
 from collections.abc import Sequence
 from types import FrameType
 from typing import Any
 
-from gpu_exporter import __version__
 from gpu_exporter import config as cfg
+from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.commands import agent_option
+from gpu_exporter.logs import setup_logging
 
-__all__ = ["build_parser", "entry", "main"]
+__all__ = ["build_parser", "entry", "main", "setup_logging"]
 
 log = logging.getLogger("gpu_exporter")
 
@@ -49,33 +48,9 @@ def build_parser() -> argparse.ArgumentParser:
         "Precedence: flag > environment > file > default.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_flag(parser)
     cfg.add_arguments(parser, include=agent_option)
     return parser
-
-
-class _JsonFormatter(logging.Formatter):
-    def format(self, record: logging.LogRecord) -> str:
-        entry: dict[str, Any] = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            entry["exc"] = self.formatException(record.exc_info)
-        return json.dumps(entry)
-
-
-def setup_logging(level: str, fmt: str) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    if fmt == "json":
-        handler.setFormatter(_JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
-    root = logging.getLogger()
-    root.handlers[:] = [handler]
-    root.setLevel({"warn": logging.WARNING}.get(level, level.upper()))
 
 
 _M_ARENA_MAX = -8  # mallopt parameter, from glibc's <malloc.h>
@@ -130,6 +105,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     """Run the exporter until SIGTERM/SIGINT (or ``stop`` is set); SIGHUP reloads the configuration."""
     from prometheus_client import CollectorRegistry
 
+    from gpu_exporter import selfmetrics
     from gpu_exporter.backends import base
     from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer
     from gpu_exporter.ring import RingBuffer
@@ -155,6 +131,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
     sampler = Sampler(backends, ring, config.interval, [exposition.update])
     registry.register(AgentCollector(sampler, ring, backends))
+    selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
 
     forwarder: Any = None
 

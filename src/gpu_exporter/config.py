@@ -47,7 +47,7 @@ class Config:
     node_name: str = ""
     config_file: str = ""
     log_level: str = "info"
-    log_format: str = "text"
+    log_format: str = "logfmt"
     metrics_include: str = ""
     metrics_exclude: str = ""
     disabled_collectors: frozenset[str] = frozenset()
@@ -85,13 +85,18 @@ class Config:
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
-    bridge_write_linger: float = 0.0
-    bridge_max_payload: int = 16 * 1024 * 1024
+    bridge_write_linger: float = 0.5
+    bridge_max_payload: int = 4 * 1024 * 1024
+    bridge_max_inflight_bytes: int = 64 * 1024 * 1024
+    bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
+    bridge_max_series: int = 300_000
+    bridge_new_nodes_per_minute: int = 10
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
     bridge_clock_skew_policy: str = "correct"
-    bridge_max_series_per_node: int = 20_000
+    bridge_state_dir: str = ""
+    bridge_max_series_per_node: int = 10_000
     remote_write_url: str = ""
     remote_write_username: str = ""
     remote_write_password_file: str = ""
@@ -235,6 +240,15 @@ def _duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str
         return seconds
 
     return parse
+
+
+def _packet_size(text: str) -> int:
+    from gpu_exporter.units import parse_size as size_of
+
+    size = size_of(text)
+    if size != 0 and not 1024 <= size <= 268_435_455:
+        raise ValueError(f"{text!r} must be 0 (derived) or 1KiB to 268435455 bytes (the MQTT maximum)")
+    return size
 
 
 def _max_payload(text: str) -> int:
@@ -421,7 +435,13 @@ OPTIONS: tuple[Option, ...] = (
     ),
     Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
     Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
-    Option("log.format", "log_format", _choice("text", "json"), "log format", "FORMAT"),
+    Option(
+        "log.format",
+        "log_format",
+        _choice("logfmt", "json", "text"),
+        "log format: logfmt (ts=... level=... caller=... msg=...) or json; text is logfmt too",
+        "FORMAT",
+    ),
     Option(
         "metrics.include",
         "metrics_include",
@@ -592,14 +612,30 @@ OPTIONS: tuple[Option, ...] = (
         "bridge_write_linger",
         _seconds_between(0, 60),
         "bridge: how long the writer waits for more messages before a remote write, so that messages "
-        "arriving one at a time are written together (0: write what is queued at once)",
+        "arriving one at a time are written together; adds at most this much to the lag (0: no wait)",
         "DURATION",
+    ),
+    Option(
+        "bridge.max-inflight-bytes",
+        "bridge_max_inflight_bytes",
+        _size_between(64 * 1024, 1 << 34),
+        "bridge: payload bytes it holds unacknowledged; at this bound (or --bridge.max-inflight messages) "
+        "it stops reading from the broker, which keeps the rest",
+        "SIZE",
     ),
     Option(
         "bridge.max-payload",
         "bridge_max_payload",
         _max_payload,
         "bridge: larger payloads (compressed or inflated) are dropped and counted",
+        "SIZE",
+    ),
+    Option(
+        "bridge.max-packet-size",
+        "bridge_max_packet_size",
+        _packet_size,
+        "bridge: MQTT 5 Maximum Packet Size announced to the broker, which then does not send larger "
+        "messages (0: --bridge.max-payload plus 64KiB)",
         "SIZE",
     ),
     Option(
@@ -613,7 +649,7 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.series-cache",
         "bridge_series_cache",
         _int_between(1, 100_000_000),
-        "bridge: bound of the per-device bookkeeping (4 units a device) and of the per-node series counts",
+        "bridge: bound of the per-device bookkeeping, in units of ~300 bytes (a device is about 6)",
         "N",
     ),
     Option(
@@ -621,6 +657,23 @@ OPTIONS: tuple[Option, ...] = (
         "bridge_max_series_per_node",
         _positive_int,
         "bridge: distinct series one node may create; values of further series are dropped and counted",
+        "N",
+    ),
+    Option(
+        "bridge.max-series",
+        "bridge_max_series",
+        _int_between(1, 100_000_000),
+        "bridge: distinct active series all nodes together may create; values of further series are dropped "
+        "and counted",
+        "N",
+    ),
+    Option(
+        "bridge.new-nodes-per-minute",
+        "bridge_new_nodes_per_minute",
+        _int_between(1, 1_000_000),
+        "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
+        "a start: its session's backlog and retained status messages); batches of further new names are "
+        "dropped and counted",
         "N",
     ),
     Option(
@@ -638,6 +691,14 @@ OPTIONS: tuple[Option, ...] = (
         "bridge: batches of a node whose clock is off by more than --bridge.max-clock-skew: move their "
         "timestamps by the measured offset, or refuse them (counted per node)",
         "POLICY",
+    ),
+    Option(
+        "bridge.state-dir",
+        "bridge_state_dir",
+        str,
+        "bridge: folder for the record of what it wrote, so that a restarted bridge does not write again "
+        "what the broker delivers again (an emptyDir in Kubernetes; empty: no record)",
+        "DIR",
     ),
     Option(
         "remote-write.url",
@@ -891,6 +952,8 @@ def _check(config: Config) -> None:
             load_web_config(config.web_config_file)
         except ValueError as exc:
             raise ConfigError(str(exc)) from None
+    if not config.mqtt_url:  # a label value only; with forwarding a topic level too (_check_forwarding)
+        _check_mqtt_string("node-name", config.node_name, MAX_NODE_NAME)
     _check_forwarding(config)
 
 
@@ -920,13 +983,52 @@ def _check_forwarding(config: Config) -> None:
     _check_topic_level("node-name", config.node_name)
     for level in config.mqtt_topic_prefix.split("/"):
         _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
-    if len(f"{config.mqtt_topic_prefix}/{config.node_name}/status".encode()) > 65535:
-        raise ConfigError("--mqtt.topic-prefix: too long for an MQTT topic (65535 bytes with the node name)")
+    _check_identity(config)
     if config.mqtt_url.startswith("mqtts://"):
         tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
 
 
 MAX_NODE_NAME = 253  # bytes: a Kubernetes node name's limit, far within MQTT's 65535 for a whole topic
+# Identity bounds, in bytes of UTF-8 (docs/forwarding.md, "Identity"): MQTT allows 65535 for each, brokers
+# far less (a client id of 23 bytes is all the spec guarantees; AWS IoT and Azure IoT Hub take 128).
+MAX_CLIENT_ID = 256
+MAX_USERNAME = 1024  # Azure IoT Hub's user names ("HUB/DEVICE/?api-version=...") run to a few hundred
+MAX_TOPIC_PREFIX = 256
+MAX_PASSWORD = 65535  # MQTT's own limit for the password field: tokens (JWTs) can be long
+
+
+def _check_identity(config: Config) -> None:
+    """What the agent says about itself to the broker, bounded at start: one line and exit 2, never a
+    connection that fails every turn."""
+    if config.mqtt_client_id:
+        _check_mqtt_string("mqtt.client-id", config.mqtt_client_id, MAX_CLIENT_ID)
+    if config.mqtt_username:
+        _check_mqtt_string("mqtt.username", config.mqtt_username, MAX_USERNAME)
+    size = len(config.mqtt_topic_prefix.encode("utf-8", "surrogatepass"))
+    if size > MAX_TOPIC_PREFIX:
+        raise ConfigError(f"--mqtt.topic-prefix: {size} bytes long, at most {MAX_TOPIC_PREFIX}")
+    if config.mqtt_password_file:
+        with open(config.mqtt_password_file, "rb") as handle:  # readable: checked above
+            line = handle.readline(MAX_PASSWORD + 2).rstrip(b"\r\n")
+        if len(line) > MAX_PASSWORD:
+            raise ConfigError(
+                f"--mqtt.password-file={config.mqtt_password_file}: its first line is over {MAX_PASSWORD} "
+                "bytes, MQTT's limit for a password"
+            )
+
+
+def _check_mqtt_string(flag: str, value: str, limit: int) -> None:
+    """An MQTT UTF-8 string field of at most ``limit`` bytes, without NUL or other control characters."""
+    bad = sorted({c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F})
+    if bad:
+        shown = ", ".join(repr(c) for c in bad[:3])
+        raise ConfigError(f"--{flag}: contains control characters ({shown})")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise ConfigError(f"--{flag}: not valid UTF-8") from None
+    if size > limit:
+        raise ConfigError(f"--{flag}: {size} bytes long, at most {limit}")
 
 
 def _check_topic_level(flag: str, level: str, whole: str = "") -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import gzip
 import logging
-import sys
 import threading
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
@@ -18,8 +17,9 @@ from dataclasses import dataclass
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpu_exporter import __version__, catalog
+from gpu_exporter import __version__, catalog, openmetrics
 from gpu_exporter.backends.base import Backend
+from gpu_exporter.buildinfo import build_info_family
 from gpu_exporter.catalog import name_filter
 from gpu_exporter.model import DeviceId, Sample
 from gpu_exporter.ring import RingBuffer
@@ -183,13 +183,7 @@ class AgentCollector:
 
     def collect(self) -> Iterator[Metric]:
         s = self.sampler
-        build = GaugeMetricFamily(
-            "gpu_exporter_build_info",
-            "Build of the running agent; always 1.",
-            labels=["version", "python_version"],
-        )
-        build.add_metric([__version__, sys.version.split()[0]], 1)
-        yield build
+        yield build_info_family("gpu_exporter_build_info", "agent")
         yield GaugeMetricFamily(
             "gpu_exporter_collect_duration_seconds",
             "Seconds the last collect cycle spent reading the GPUs.",
@@ -228,6 +222,7 @@ class AgentCollector:
         for backend in self.backends:
             healthy.add_metric([backend.name], 1 if backend.healthy() else 0)
         yield healthy
+        yield from s.bounds.collect()  # labels limited, values not finite, counters gone backwards
         yield GaugeMetricFamily("gpu_exporter_ring_samples", "Samples held in the ring buffer.", value=len(self.ring))
         yield GaugeMetricFamily(
             "gpu_exporter_ring_capacity", "Samples the ring buffer can hold.", value=self.ring.capacity
@@ -253,6 +248,9 @@ class Exposition:
         self._plain = b""
         self._gzip = gzip.compress(b"")
         self.last_sample: Sample | None = None
+        # OpenMetrics: (plain, gzip) of the current page, made once a client has asked for it
+        self._om: tuple[bytes, bytes] | None = None
+        self.openmetrics_asked = False
 
     def update(self, sample: Sample) -> None:
         parts = [render(sample, self.view)]
@@ -264,12 +262,37 @@ class Exposition:
         parts.append(generate_latest(self.registry).decode("utf-8"))
         plain = "".join(parts).encode("utf-8")
         packed = gzip.compress(plain, compresslevel=6, mtime=0)
+        om = _openmetrics(plain) if self.openmetrics_asked else None
         with self._lock:
-            self._plain, self._gzip, self.last_sample = plain, packed, sample
+            self._plain, self._gzip, self.last_sample, self._om = plain, packed, sample, om
 
     def page(self, accept_gzip: bool) -> bytes:
         with self._lock:
             return self._gzip if accept_gzip else self._plain
+
+    def openmetrics_page(self, accept_gzip: bool) -> bytes:
+        """The page in OpenMetrics. Made with each page from the first request on (until then nobody
+        pays for it); the first request makes it from the current page."""
+        self.openmetrics_asked = True
+        with self._lock:
+            plain, om = self._plain, self._om
+        if om is None:
+            om = _openmetrics(plain)
+            with self._lock:
+                if self._plain is plain:
+                    self._om = om
+        return om[1] if accept_gzip else om[0]
+
+    def negotiate(self, accept: str | None) -> tuple[Callable[[bool], bytes], str]:
+        """The server's hook (web/server.py ``Site.negotiate``): OpenMetrics when the client prefers it."""
+        if openmetrics.accepts_openmetrics(accept):
+            return self.openmetrics_page, openmetrics.CONTENT_TYPE
+        return self.page, CONTENT_TYPE
+
+
+def _openmetrics(plain: bytes) -> tuple[bytes, bytes]:
+    text = openmetrics.convert(plain.decode("utf-8")).encode("utf-8")
+    return text, gzip.compress(text, compresslevel=6, mtime=0)
 
 
 ReadyCheck = Callable[[], tuple[bool, str]]
@@ -288,6 +311,11 @@ class MetricsServer(WebServer):
         limits: Limits | None = None,
     ) -> None:
         site = Site(
-            telemetry_path, exposition.page, ready, title=f"gpu-exporter {__version__}", content_type=CONTENT_TYPE
+            telemetry_path,
+            exposition.page,
+            ready,
+            title=f"gpu-exporter {__version__}",
+            content_type=CONTENT_TYPE,
+            negotiate=exposition.negotiate,
         )
         super().__init__(address, site, web, limits)

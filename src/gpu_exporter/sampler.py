@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 
 from gpu_exporter.backends.base import Backend
+from gpu_exporter.limits import SampleBounds
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 
@@ -54,6 +55,7 @@ class Sampler:
         self.last_success = 0.0
         self.overruns = 0
         self.failures = 0  # backend.read() raised (a bug): counted, the loop goes on
+        self.bounds = SampleBounds()  # labels and values bounded before anything serves or sends them
 
     def collect_once(self) -> Sample:
         started = self._monotonic()
@@ -69,7 +71,7 @@ class Sampler:
                 log.exception("reading the %s backend failed; its devices are missing from this sample", backend.name)
         duration = self._monotonic() - started
         self._seq += 1
-        sample = Sample(self._seq, timestamp, tuple(devices), duration)
+        sample = self.bounds.apply(Sample(self._seq, timestamp, tuple(devices), duration))
         self.ring.append(sample)
         self.collects += 1
         self.collect_seconds_total += duration

@@ -113,6 +113,7 @@ class NvmlBackend:
         clock: Callable[[], float] = time.monotonic,
         xid_wait_ms: int = 500,
         slow_call_budget: float | None = 0.005,
+        slow_call_timer: Callable[[], float] = time.perf_counter,
     ) -> None:
         self._config = config
         self._nv: Any = nvml
@@ -127,7 +128,7 @@ class NvmlBackend:
         self._driver = ""
         self._cuda = ""
         self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
-        self._slow = SlowCalls(slow_call_budget)  # None: every call in line (the serial cycle)
+        self._slow = SlowCalls(slow_call_budget, slow_call_timer)  # budget None: every call in line
         self._reading = False  # only calls of the reading phase are timed
         self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
         self._health = HealthTracker()
@@ -193,6 +194,16 @@ class NvmlBackend:
     def healthy(self) -> bool:
         return self._opened and any(d.live.up for d in self._devices)
 
+    @property
+    def xid_events_running(self) -> bool:
+        """Whether XID events are being waited for (tools/validate_nvml.py)."""
+        return self._xid.running
+
+    @property
+    def slow_calls(self) -> SlowCalls:
+        """The calls measured slow and started early (for tests, the bench and tools/validate_nvml.py)."""
+        return self._slow
+
     # -- calls -----------------------------------------------------------------------------------
 
     def _call(
@@ -210,8 +221,8 @@ class NvmlBackend:
         slow = self._slow
         if not self._reading or slow.budget is None:
             return self._calls.call(scope, named, fn, *args, variant=variant, **kwargs)
-        early = slow.take(scope, f"{named}:{variant}", args, kwargs) if slow.pending else None
-        started = time.perf_counter()
+        early = slow.take(scope, f"{named}:{variant}", args, kwargs, device.handle) if slow.pending else None
+        started = slow.timer()
         answered = False
         try:
             if early is not None:
@@ -221,9 +232,9 @@ class NvmlBackend:
             answered = result is not None
             return result
         finally:
-            seconds = time.perf_counter() - started
+            seconds = slow.timer() - started
             if seconds > slow.budget or (not answered and slow.remembered):
-                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, seconds, answered)
+                slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, device.handle, seconds, answered)
 
     def _scalar(
         self,
@@ -237,7 +248,8 @@ class NvmlBackend:
     ) -> None:
         """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
         the value is filled in at the end of the cycle, so the calls after it are not held up."""
-        if self._reading and self._slow.pending and self._slow.running(device.scope, f"{name}:{variant}", args):
+        slow = self._slow
+        if self._reading and slow.pending and slow.running(device.scope, f"{name}:{variant}", args, device.handle):
             self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
             return
         raw = self._call(device, name, *args, variant=variant)

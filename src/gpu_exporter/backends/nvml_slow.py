@@ -14,18 +14,30 @@ sample is read, or its call started, within a few milliseconds of the sample's t
 
 A remembered call that the serial pass did not ask for again (its arguments changed, the device went
 away) is forgotten; one that answered nothing (unsupported, failed) or that ran within the budget on its
-worker (it was slow once, by accident: a pause of the process) goes back to the serial path.
+worker (it was slow once, by accident: a pause of the process) goes back to the serial path. So a device
+that stops answering keeps nothing: once back, its calls are measured again, on its new handles.
 Calls with side effects or arguments that change every cycle are never started early.
+
+A call is known by its device's scope (the GPU index, "0/mig3" for a MIG instance), its name and its
+arguments with the device's handle left out, never by the handle: pynvml's handles are ctypes pointers,
+which cannot be hashed (and compare by object, not by address).
+
+Calls are timed with ``timer`` (``time.perf_counter`` in production). Tests over the simulated library
+pass its clock of call costs (``SimNvml.timer``), so what is slow is the scenario's choice, not the
+machine's load.
 """
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Hashable
 from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 
 __all__ = ["NEVER_EARLY", "SlowCalls"]
+
+log = logging.getLogger("gpu_exporter.backends.nvml")
 
 # side effects (GPM samples) or arguments that change every cycle (process samples since a timestamp)
 NEVER_EARLY = frozenset(
@@ -38,6 +50,7 @@ NEVER_EARLY = frozenset(
     }
 )
 _WORKERS_MAX = 64
+_HANDLE = "<device handle>"  # stands for the call's device handle in its key
 
 Key = tuple[Hashable, ...]
 
@@ -48,23 +61,28 @@ def _freeze(value: Any) -> Hashable:
     return value  # type: ignore[no-any-return]
 
 
-def _timed(took: list[float], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-    started = time.perf_counter()
+def _timed(
+    took: list[float], timer: Callable[[], float], fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    started = timer()
     try:
         return fn(*args, **kwargs)
     finally:
-        took.append(time.perf_counter() - started)
+        took.append(timer() - started)
 
 
 class SlowCalls:
     """Calls measured slower than ``budget`` seconds; ``budget`` None keeps every call serial.
 
-    A call is named by (scope, name) and told apart by its arguments; the arguments are frozen into a
-    key only for names that have something remembered or started, so timing every call costs little.
+    A call is named by (scope, name) and told apart by its arguments, ``handle`` (the device's) left
+    out; the arguments are frozen into a key only for names that have something remembered or started,
+    so timing every call costs little. ``timer`` gives the seconds calls are measured in, on the reading
+    thread and on the workers alike.
     """
 
-    def __init__(self, budget: float | None) -> None:
+    def __init__(self, budget: float | None, timer: Callable[[], float] = time.perf_counter) -> None:
         self.budget = budget
+        self.timer = timer
         self._slow: dict[Key, tuple[Hashable, Callable[..., Any], tuple[Any, ...], dict[str, Any]]] = {}
         self._slow_names: set[tuple[Hashable, str]] = set()  # prefilter: may hold names since forgotten
         self._pending: dict[Key, Future[Any]] = {}
@@ -72,6 +90,7 @@ class SlowCalls:
         self._suspects: set[Key] = set()  # measured slow in line in the previous cycle
         self._suspects_now: set[Key] = set()  # ... and in this one
         self._pending_names: set[tuple[Hashable, str]] = set()
+        self._unkeyed: set[str] = set()  # names whose arguments could not be made a key (logged once)
         self._pool: ThreadPoolExecutor | None = None
         self.started_early = 0  # calls run on a worker (read by tests and the bench)
 
@@ -89,14 +108,19 @@ class SlowCalls:
         """Whether any call is remembered as slow."""
         return bool(self._slow)
 
-    @staticmethod
-    def _key(scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Key | None:
+    def _key(
+        self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], handle: Any
+    ) -> Key | None:
         if name.partition(":")[0] in NEVER_EARLY:
             return None
+        frozen = tuple(_HANDLE if handle is not None and a is handle else _freeze(a) for a in args)
+        key: Key = (scope, name, frozen, _freeze(tuple(sorted(kwargs.items()))))
         try:
-            key: Key = (scope, name, _freeze(args), _freeze(tuple(sorted(kwargs.items()))))
             hash(key)
         except TypeError:
+            if name not in self._unkeyed:
+                self._unkeyed.add(name)
+                log.info("%s is slow but its arguments cannot be told apart; it stays in line", name.rstrip(":"))
             return None
         return key
 
@@ -113,22 +137,24 @@ class SlowCalls:
             if up(scope):
                 took: list[float] = []
                 self._ran[key] = took
-                self._pending[key] = self._pool.submit(_timed, took, fn, args, kwargs)
+                self._pending[key] = self._pool.submit(_timed, took, self.timer, fn, args, kwargs)
                 self._pending_names.add((scope, str(key[1])))
                 self.started_early += 1
 
-    def running(self, scope: Hashable, name: str, args: tuple[Any, ...]) -> bool:
+    def running(self, scope: Hashable, name: str, args: tuple[Any, ...], handle: Any) -> bool:
         """Whether the call was started early and has not answered yet."""
         if (scope, name) not in self._pending_names:
             return False
-        future = self._pending.get(self._key(scope, name, args, {}) or ())
+        future = self._pending.get(self._key(scope, name, args, {}, handle) or ())
         return future is not None and not future.done()
 
-    def take(self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Future[Any] | None:
+    def take(
+        self, scope: Hashable, name: str, args: tuple[Any, ...], kwargs: dict[str, Any], handle: Any
+    ) -> Future[Any] | None:
         """The early call's future, if this call was started early in this cycle."""
         if (scope, name) not in self._pending_names:
             return None
-        return self._pending.pop(self._key(scope, name, args, kwargs) or (), None)
+        return self._pending.pop(self._key(scope, name, args, kwargs, handle) or (), None)
 
     def observe(
         self,
@@ -137,6 +163,7 @@ class SlowCalls:
         fn: Callable[..., Any],
         args: tuple[Any, ...],
         kwargs: dict[str, Any],
+        handle: Any,
         seconds: float,
         answered: bool,
     ) -> None:
@@ -145,9 +172,9 @@ class SlowCalls:
             return
         if not answered:
             if (scope, name) in self._slow_names:
-                self._slow.pop(self._key(scope, name, args, kwargs) or (), None)
+                self._slow.pop(self._key(scope, name, args, kwargs, handle) or (), None)
         elif seconds > self.budget:
-            key = self._key(scope, name, args, kwargs)
+            key = self._key(scope, name, args, kwargs, handle)
             if key is None:
                 return
             if key in self._suspects or key in self._slow:  # slow two cycles running: not a passing pause

@@ -13,17 +13,21 @@ from collections import Counter
 from collections.abc import Iterable
 from typing import Any
 
-__all__ = ["XidEvents"]
+__all__ = ["XidEvents", "handle_address"]
 
 log = logging.getLogger("gpu_exporter.backends.nvml")
 
 
-def _handle_key(handle: Any) -> Any:
-    """A hashable identity for a device handle (ctypes pointers compare by object, not address)."""
+def handle_address(handle: Any) -> int | None:
+    """The address a handle (a ctypes pointer) holds; None for NULL or what is not a pointer.
+
+    Events name their device by a handle of their own: pynvml's handles are unhashable and equal only
+    to themselves, but NVML keeps one address per device while it runs.
+    """
     try:
         return ctypes.addressof(handle.contents)
-    except (AttributeError, TypeError, ValueError):
-        return handle
+    except (AttributeError, TypeError, ValueError):  # not a pointer; NULL
+        return None
 
 
 class XidEvents:
@@ -41,6 +45,11 @@ class XidEvents:
         """Watch the devices given as (index, handle)."""
         self._thread = threading.Thread(target=self._loop, args=(list(handles),), name="nvml-xid", daemon=True)
         self._thread.start()
+
+    @property
+    def running(self) -> bool:
+        """Whether the thread waiting on the driver's events is alive."""
+        return self._thread is not None and self._thread.is_alive()
 
     def stop(self) -> None:
         self._stop.set()
@@ -61,15 +70,15 @@ class XidEvents:
         except nv.NVMLError as exc:
             log.info("XID events unavailable: %s", exc)
             return
-        by_handle: dict[Any, int] = {}
+        by_address: dict[int, int] = {}
         for index, handle in handles:
             try:
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, event_set)
-                by_handle[_handle_key(handle)] = index
+                by_address[handle_address(handle) or 0] = index
             except nv.NVMLError as exc:
                 log.info("GPU %d: XID events unavailable: %s", index, exc)
         try:
-            while not self._stop.is_set() and by_handle:
+            while not self._stop.is_set() and by_address:
                 try:
                     data = nv.nvmlEventSetWait_v2(event_set, self._wait_ms)
                 except nv.NVMLError_Timeout:
@@ -79,7 +88,7 @@ class XidEvents:
                     log.debug("XID wait failed: %s", exc)
                     self._stop.wait(1.0)
                     continue
-                found = by_handle.get(_handle_key(data.device))
+                found = by_address.get(handle_address(data.device) or -1)
                 if found is None:
                     continue
                 xid = int(data.eventData)

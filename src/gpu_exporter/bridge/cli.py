@@ -9,26 +9,28 @@ import argparse
 import errno
 import gc
 import logging
+import os
 import signal
 import socket
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from types import FrameType
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter import __version__
+from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
+from gpu_exporter.buildinfo import add_version_flag
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.service import BridgeSettings
     from gpu_exporter.web.server import WebServer
     from gpu_exporter.web.webconfig import WebConfig
 
-__all__ = ["main", "run", "settings_from", "tune_gc"]
+__all__ = ["main", "run", "settings_from", "tune_gc", "tune_malloc"]
 
 log = logging.getLogger("gpu_exporter.bridge")
 
@@ -62,7 +64,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=f"Every option can also be set as an environment variable ({cfg.ENV_PREFIX}<OPTION>, e.g. "
         f"{cfg.env_name('remote-write.url')}) or as a key in the --config.file YAML.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_flag(parser)
     parser.add_argument(
         "--config.file",
         dest="config.file",
@@ -125,12 +127,17 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         session_expiry=config.bridge_session_expiry,
         receive_maximum=min(config.bridge_max_inflight, 65535),
         linger=config.bridge_write_linger,
+        max_inflight_bytes=config.bridge_max_inflight_bytes,
+        max_packet_size=config.bridge_max_packet_size,
         max_payload=config.bridge_max_payload,
         node_label=config.bridge_node_label,
         series_cache=config.bridge_series_cache,
         max_series_per_node=config.bridge_max_series_per_node,
+        max_series=config.bridge_max_series,
+        new_nodes_per_minute=config.bridge_new_nodes_per_minute,
         max_clock_skew=config.bridge_max_clock_skew,
         clock_skew_policy=config.bridge_clock_skew_policy,
+        state_dir=config.bridge_state_dir,
         rw_timeout=config.remote_write_timeout,
         rw_username=config.remote_write_username,
         rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),
@@ -164,7 +171,33 @@ def main(argv: Sequence[str] | None = None) -> int:
     except cfg.ConfigError as exc:
         return _fail(str(exc), 2)
     setup_logging(config.log_level, config.log_format)
+    tune_malloc()
     return run(settings, config.bridge_listen_address, config=config)
+
+
+_M_MMAP_THRESHOLD = -3  # mallopt parameter, from glibc's <malloc.h>
+
+
+def tune_malloc() -> None:
+    """One malloc arena (as the exporter), and every block of 1 MiB or more in its own mapping.
+
+    Payloads and inflated JSON are blocks of up to --bridge.max-payload. By default glibc raises its
+    mapping threshold to the largest block freed (up to 32 MiB), after which such blocks come from the
+    heap, where freeing them rarely gives memory back: a burst of large messages would leave the bridge
+    that much larger for good. A fixed threshold gives each large block back as it is freed. Called
+    before any thread starts; MALLOC_MMAP_THRESHOLD_ in the environment is left to rule.
+    """
+    from gpu_exporter.cli import limit_malloc_arenas
+
+    limit_malloc_arenas()
+    if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        ctypes.CDLL(None).mallopt(_M_MMAP_THRESHOLD, 1024 * 1024)
+    except (OSError, AttributeError):
+        pass
 
 
 def tune_gc() -> None:
@@ -187,6 +220,7 @@ def run(
     stop = stop or threading.Event()
     tune_gc()
     registry = CollectorRegistry(auto_describe=True)
+    selfmetrics.register(registry, "gpu_exporter_bridge_build_info", "bridge")  # and process_*
     try:
         bridge = Bridge(settings, registry)
     except (ValueError, OSError) as exc:
@@ -244,14 +278,25 @@ def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cf
     import gzip
 
     from prometheus_client import generate_latest
+    from prometheus_client.openmetrics.exposition import generate_latest as openmetrics_latest
 
+    from gpu_exporter.openmetrics import CONTENT_TYPE, accepts_openmetrics
     from gpu_exporter.web.server import Limits, ServerCollector, Site, WebServer
 
     def page(accept_gzip: bool) -> bytes:
         text = generate_latest(registry)
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
-    site = Site("/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}")
+    def openmetrics_page(accept_gzip: bool) -> bytes:
+        text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+        return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
+
+    def negotiate(accept: str | None) -> tuple[Callable[[bool], bytes], str]:
+        return (openmetrics_page, CONTENT_TYPE) if accepts_openmetrics(accept) else (page, site.content_type)
+
+    site = Site(
+        "/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}", negotiate=negotiate
+    )
     limits = Limits(config.web_max_connections, config.web_read_timeout, config.web_idle_timeout)
     server = WebServer(listen, site, web, limits)
     registry.register(ServerCollector(lambda: server, prefix="gpu_exporter_bridge"))

@@ -22,12 +22,19 @@ import operator
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_exporter.bridge.values import COUNTER_KEYS
 from gpu_exporter.forward import batch as codec
 from gpu_exporter.model import DeviceId, SeriesKey
 
-__all__ = ["ColumnBatch", "ColumnDevice", "read"]
+__all__ = ["INFLATE_FLOOR", "INFLATE_RATIO", "ColumnBatch", "ColumnDevice", "inflate_limit", "read"]
 
 _SAFE = codec._SAFE_INT
+# A compressed payload may inflate to INFLATE_FLOOR, or to INFLATE_RATIO times its own size, whichever is
+# more (and never beyond max_bytes); the inflater stops there, before the rest is materialised. Batches
+# inflate 3 to 8 times (simulated 8-GPU nodes); a batch of a whole day of idle readings, every value
+# still, about 100 times, under the floor. A zlib bomb inflates about 1000 times.
+INFLATE_FLOOR = 1024 * 1024
+INFLATE_RATIO = 128
 
 try:  # optional: a faster JSON parser
     import orjson as _orjson
@@ -42,6 +49,10 @@ class ColumnDevice:
     up: list[int | None]  # per sample: 1, 0, or None when the device is absent from that sample
     columns: list[list[float | None] | None]  # per metric (``ColumnBatch.metrics``), per sample
     gaps: bool = False  # some column holds a null (a value missing from some sample)
+    nonfinite: bool = False  # some column holds NaN or ±Inf (only plain values and constants can)
+    # every counter column (catalog type counter) is known not to go down within the batch: a constant,
+    # or integer deltas none of which after the first is negative (bridge/values.py checks the rest)
+    counters_rising: bool = False
 
 
 @dataclass(frozen=True, slots=True)
@@ -66,6 +77,20 @@ def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
         raise codec.PayloadError(f"invalid payload: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
 
 
+def _inflate(data: bytes, max_bytes: int) -> bytes:
+    """The codec's bounded inflater (it stops one byte past the limit), with the ratio bound."""
+    limit = inflate_limit(len(data), max_bytes)
+    try:
+        return codec._gunzip(data, limit) if data[:2] == codec._GZIP_MAGIC else codec._inflate(data, limit)
+    except codec.PayloadError as exc:
+        if limit < max_bytes and "inflates beyond" in str(exc):
+            raise codec.PayloadError(
+                f"payload inflates beyond {INFLATE_RATIO} times its {len(data)} bytes (limit {limit} bytes): "
+                "a compression bomb?"
+            ) from None
+        raise
+
+
 def _parse(text: bytes) -> Any:
     """JSON with orjson when it is installed (it parses a batch in about two thirds of the time), else
     with the standard library exactly as the codec does. Both refuse NaN and Infinity literals, invalid
@@ -81,16 +106,19 @@ def _parse(text: bytes) -> Any:
     return json.loads(text.decode("utf-8"), parse_constant=codec._reject_constant)
 
 
+def inflate_limit(compressed: int, max_bytes: int) -> int:
+    """How far a compressed payload of ``compressed`` bytes may inflate."""
+    return min(max_bytes, max(INFLATE_FLOOR, INFLATE_RATIO * compressed))
+
+
 def _read(data: bytes, max_bytes: int) -> ColumnBatch:
     if not isinstance(data, bytes | bytearray | memoryview):
         raise codec.PayloadError(f"payload must be bytes, not {type(data).__name__}")
     data = bytes(data)
     if len(data) > max_bytes:
         raise codec.PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
-    if data[:2] == codec._GZIP_MAGIC:
-        text = codec._gunzip(data, max_bytes)
-    elif codec._is_zlib(data):
-        text = codec._inflate(data, max_bytes)
+    if data[:2] == codec._GZIP_MAGIC or codec._is_zlib(data):
+        text = _inflate(data, max_bytes)
     elif data.lstrip(b" \t\r\n")[:1] == b"{":
         text = data
     elif not data:
@@ -115,6 +143,7 @@ def from_document(doc: Any) -> ColumnBatch:
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
     metrics = c._metrics(doc["metrics"], bool(header.summary_ms))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise c.PayloadError("devices must be an array")
@@ -139,13 +168,13 @@ def from_document(doc: Any) -> ColumnBatch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded = _columns(where, cols, n, header.version)
+        decoded, nonfinite, rising = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         gaps = any(None in col for col in decoded if col is not None)
-        devices.append(ColumnDevice(device, dict(info), up, decoded, gaps))
+        devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
     _check_encodable(batch)
     return batch
@@ -171,13 +200,18 @@ _INT = {int}
 _NUMBER = {int, float}
 
 
-def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
-    """Every column of one device. Plain integer-delta columns and constants (the encoder's usual output)
-    are checked together and decoded in C loops; any other column (plain values, a reference) goes
-    through the codec's own ``_column``, in order, after them."""
+def _columns(
+    where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset()
+) -> tuple[list[list[float | None] | None], bool, bool]:
+    """Every column of one device, whether one may hold NaN or ±Inf, and whether every column at a
+    position of ``counters`` is known not to go down. Plain integer-delta columns and finite constants
+    (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
+    values, a reference, a non-finite constant) goes through the codec's own ``_column``, in order,
+    after them."""
     fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
+    plain: set[int] = set()  # plain-value columns decoded here
     has_step = codec._HAS_STEP
     for j, col in enumerate(cols):
         kind = type(col)
@@ -211,6 +245,7 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[flo
                 if all(map(math.isfinite, floats)):
                     out[j] = floats  # type: ignore[assignment]
                     done.add(j)
+                    plain.add(j)
             continue
         if type(deltas) is not list or len(deltas) != n or version >= 3:  # version 3 writes delta arrays
             continue
@@ -244,16 +279,24 @@ def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[flo
         ):
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
     truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
+    rising = True
     for j, deltas, scale, step, order in fast:
         if order == 2:
             deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
+        if rising and j in counters and n > 1:  # a step of at least 1: the values go as the deltas
+            rising = min(itertools.islice(deltas, 1, None)) >= 0
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
         else:
             out[j] = list(map(float, totals))
         done.add(j)
+    nonfinite = False
     for j, col in enumerate(cols):
         if j not in done and col is not None:  # a reference names an earlier column: decoded by now
-            out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
-    return out
+            values = out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
+            nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
+            rising = rising and j not in counters
+        elif rising and j in counters and j in plain:
+            rising = all(map(operator.le, col["values"], itertools.islice(col["values"], 1, None)))
+    return out, nonfinite, rising

@@ -6,32 +6,34 @@ series the node's /metrics page shows, plus ``node``. Each device present in a s
 ``gpu_up`` (1 or 0) and, when it has identity strings, ``gpu_info{...} 1``, as on the /metrics page
 (exposition.native_view).
 
-Label sets are cached: the same node, device and metric give the same tuple batch after batch. Series
-that have a value in every sample of a batch share one timestamp list, which lets the encoder pack
-them with one plan (see remote_write.WriteEncoder).
+A series' labels are composed per batch from a recipe shared by the whole fleet and the device's own
+label fields (``_Device``), not cached per series: memory per node stays small and the cost of a
+sample does not grow with the number of nodes. Series that have a value in every sample of a batch
+share one timestamp list, which lets the encoder pack them with one plan (see
+remote_write.WriteEncoder).
 """
 
 from __future__ import annotations
 
-import bisect
+import dataclasses
 import itertools
 import operator
-import re
 import sys
-from array import array
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from gpu_exporter import catalog
+from gpu_exporter.bridge import labels
 from gpu_exporter.bridge.columns import ColumnBatch
+from gpu_exporter.bridge.limits import SeriesBudget
 from gpu_exporter.bridge.remote_write import Series, encode_labels
+from gpu_exporter.bridge.values import COUNTER_KEYS, Counters, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
 
-__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter", "SeriesLimits"]
+__all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
 UP_METRIC = "gpu_up"
 INFO_METRIC = "gpu_info"
-_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 
 
 # A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):
@@ -51,18 +53,70 @@ def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
     return encode_labels(tuple(sorted(labels)))
 
 
+# A plan (the recipe of each metric of a batch) is kept for the next batch only for a metrics list up to
+# this long (a device has some 90 series, a MIG node's with pods a few thousand): a longer one, a node
+# inventing series, would keep every series it named alive through the plan.
+PLAN_LIMIT = 4096
+# Bounds of what the fleet shares (a normal fleet uses ~100 recipes and a few plans of ~100 keys): a node
+# that floods series with new label values churns these caches, it cannot grow them.
+MAX_RECIPES = 20_000
+MAX_PLANS_KEYS = 200_000  # series keys in all shared plans together
+
+# A recipe: the Label fields of a series in order, each part either fixed bytes (the metric's labels) or
+# the index of a run of the device's own fields (``_Device.runs``).
+_Recipe = tuple[bytes | int, ...]
+_MISSING = object()
+
+
+class _Plan:
+    """The recipes of one metrics list for devices with one set of label names, shared by all of them,
+    and where its counters are."""
+
+    __slots__ = ("counter_keys", "counter_positions", "recipes", "unknown")
+
+    def __init__(self, metrics: tuple[SeriesKey, ...], recipes: list[_Recipe | None], absent: tuple[bool, ...]) -> None:
+        self.recipes = recipes
+        self.unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
+        positions = [j for j, (m, r) in enumerate(zip(metrics, recipes, strict=True)) if r and m[0] in COUNTER_KEYS]
+        self.counter_positions = positions
+        self.counter_keys = tuple(metrics[j] for j in positions)
+
+
+class _Entries:
+    """One batch's entries on one device (composed from a plan), and where its written counters are."""
+
+    __slots__ = ("counter_keys", "counter_positions", "entries", "limited", "unknown")
+
+    def __init__(self, plan: _Plan, entries: list[_Entry | None], allowed: list[bool]) -> None:
+        self.entries = entries
+        self.unknown = plan.unknown
+        self.limited = allowed.count(False)  # entries its node may not create
+        if self.limited:
+            self.entries = [e if ok else _LIMITED for e, ok in zip(entries, allowed, strict=True)]
+            positions = [j for j in plan.counter_positions if allowed[j]]
+            self.counter_positions = positions
+            self.counter_keys = tuple(plan.counter_keys[i] for i, j in enumerate(plan.counter_positions) if allowed[j])
+        else:
+            self.counter_positions = plan.counter_positions
+            self.counter_keys = plan.counter_keys
+
+
+def _field(name: str, value: str) -> bytes:
+    return encode_labels(((name, value),))
+
+
 class _Device:
     """What the converter remembers about one device of one node: its own label fields, not its series.
 
-    A series' encoded labels are the Label fields of all its labels sorted by name; those of the
-    device (``gpu``, ``uuid``, MIG labels) and the node are this device's own, the others (``__name__``,
+    A series' encoded labels are the Label fields of all its labels sorted by name; those of the device
+    (``gpu``, ``uuid``, MIG labels) and the node are this device's own, the others (``__name__``,
     constant and dynamic labels) the metric's, the same on every device. So an entry is composed per
-    batch from a recipe shared by the whole fleet (``Converter._recipe``) and this device's label
-    fields (``runs``): a join of a few byte strings, instead of a cache of ~370 bytes per series that a
-    fleet larger than the cache rebuilt for every message.
+    batch from a recipe shared by the whole fleet (``Converter._recipe``) and this device's label fields
+    (``runs``): a join of a few byte strings, instead of a cache of ~370 bytes per series that a fleet
+    larger than the cache rebuilt for every message.
     """
 
-    __slots__ = ("allowed", "generation", "info", "limited", "metrics", "names", "recipes", "runs", "unknown", "up")
+    __slots__ = ("allowed", "counters", "info", "metrics", "names", "plan", "runs", "up", "why")
 
     def __init__(self, names: tuple[str, ...], fields: tuple[bytes, ...]) -> None:
         self.names = names  # the device's label names and the node label, sorted
@@ -71,37 +125,12 @@ class _Device:
         self.runs = [b"".join(fields[i:j]) for i in range(k + 1) for j in range(k + 1)]
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
-        # the metrics list the recipes were made for, and which of its columns were absent
+        # the metrics list ``plan`` was made for, and which of its columns were absent
         self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
-        self.recipes: list[_Recipe | None] = []
-        self.allowed: list[bool] = []  # per recipe: within the node's series limit (kept only if not all)
-        self.generation = -1  # of the series limits when ``allowed`` was decided
-        self.unknown: set[str] = set()
-        self.limited = 0  # recipes its node may not create
-
-
-# A recipe: the Label fields of a series in order, each part either fixed bytes (the metric's labels) or
-# the index of a run of the device's own fields (``_Device.runs``).
-_Recipe = tuple[bytes | int, ...]
-
-
-@dataclass
-class _Plan:
-    entries: list[_Entry | None]
-    unknown: set[str]
-    limited: int
-
-
-_MISSING = object()
-# Bounds of what the fleet shares (a normal node uses ~100 recipes and one plan of ~100 keys): a node
-# that floods series with new label values churns these caches, it cannot grow them.
-_MAX_RECIPES = 20_000
-_MAX_PLAN_KEYS = 2_000  # a plan of more series than this is not shared
-_MAX_PLANS_KEYS = 200_000  # series keys in all shared plans together
-
-
-def _field(name: str, value: str) -> bytes:
-    return encode_labels(((name, value),))
+        self.plan: _Plan | None = None
+        self.allowed: list[bool] = []  # per recipe of ``plan``: within the series limits
+        self.why = "node"  # the series limit that refused the last series refused: "node" or "fleet"
+        self.counters: Counters | None = None  # high marks of its counters (bridge/values.py)
 
 
 @dataclass
@@ -110,28 +139,36 @@ class Converted:
     gpu_samples: int = 0  # (sample, device) pairs
     newest_ms: int | None = None
     unknown_keys: set[str] = field(default_factory=set)
-    limited: dict[str, int] = field(default_factory=dict)  # values dropped per node by the series limit
+    # values dropped by a series limit, by (node, "node" or "fleet")
+    limited: dict[tuple[str, str], int] = field(default_factory=dict)
+    # values dropped by the value policy (bridge/values.py), by (node, reason)
+    dropped: dict[tuple[str, str], int] = field(default_factory=dict)
+    # identity labels left out of gpu_info (bridge/labels.py), by (node, reason)
+    labels_dropped: dict[tuple[str, str], int] = field(default_factory=dict)
 
 
 class Converter:
     """Turns batches into series. Not thread-safe: one per writer thread."""
 
     def __init__(
-        self, node_label: str = "node", cache_size: int = 1_000_000, max_series_per_node: int = 1_000_000
+        self,
+        node_label: str = "node",
+        cache_size: int = 1_000_000,
+        max_series_per_node: int = 1_000_000,
+        max_series: int = 10_000_000,
+        budget: SeriesBudget | None = None,
     ) -> None:
-        if not _LABEL_NAME.match(node_label) or node_label.startswith("__"):
+        if labels.refusal(node_label) is not None:
             raise ValueError(f"invalid node label name {node_label!r}")
         self.node_label = node_label
         self._cache_size = cache_size
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
-        self._limits = SeriesLimits(max_series_per_node, cache_size)
         self._recipes: dict[tuple[SeriesKey, tuple[str, ...]], _Recipe | None] = {}
+        self._plans: dict[tuple[tuple[SeriesKey, ...], tuple[bool, ...], tuple[str, ...]], _Plan] = {}
         self._plan_keys = 0
-        self._plans: dict[
-            tuple[tuple[SeriesKey, ...], tuple[bool, ...], tuple[str, ...]],
-            tuple[tuple[tuple[SeriesKey, ...], tuple[bool, ...]], list[_Recipe | None], set[str]],
-        ] = {}
+        self.budget = budget or SeriesBudget(max_series_per_node, max_series)
+        self._reserved = frozenset(("__name__", node_label, *(f.name for f in dataclasses.fields(DeviceId))))
 
     def _device_cache(self, node: str, device: DeviceId) -> _Device:
         key = (node, device)
@@ -149,9 +186,12 @@ class Converter:
             self._cached = 0
         self._cached += units
 
-    def _admit(self, node: str, entry: _Entry) -> _Entry:
-        """``entry``, or ``_LIMITED`` when it would be one series too many for ``node``."""
-        return entry if self._limits.admit(node, entry) else _LIMITED
+    def _admit(self, node: str, entry: _Entry, cache: _Device) -> _Entry:
+        """``entry``, or ``_LIMITED`` when it would be one series too many for ``node`` or the fleet."""
+        if self.budget.admit(node, entry):
+            return entry
+        cache.why = self.budget.refused
+        return _LIMITED
 
     def _recipe(self, series: SeriesKey, names: tuple[str, ...]) -> _Recipe | None:
         """How to compose the labels of one catalog series on devices with label ``names``; None for an
@@ -186,10 +226,27 @@ class Converter:
             if run:
                 parts.append(run[0] * (k + 1) + run[-1] + 1)
             recipe = tuple(parts)
-        if len(self._recipes) >= _MAX_RECIPES:  # dynamic label values (XID codes) are many at worst
+        if len(self._recipes) >= MAX_RECIPES:  # dynamic label values (XID codes) are many at worst
             self._recipes.clear()
         self._recipes[(sys.intern(key), dynamic), names] = recipe
         return recipe
+
+    def _plan(self, cache: _Device, metrics: tuple[SeriesKey, ...], absent: tuple[bool, ...]) -> _Plan:
+        """The shared plan of (metrics list, columns present, device label names)."""
+        key = (metrics, absent, cache.names)
+        plan = self._plans.get(key)
+        if plan is None:
+            names = cache.names
+            plan = _Plan(
+                metrics, [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)], absent
+            )
+            if len(metrics) <= PLAN_LIMIT:  # a flood of series is not kept for the next device
+                self._plan_keys += len(metrics)
+                if self._plan_keys > MAX_PLANS_KEYS:
+                    self._plans.clear()
+                    self._plan_keys = len(metrics)
+                self._plans[key] = plan
+        return plan
 
     def _entries(
         self,
@@ -197,46 +254,38 @@ class Converter:
         cache: _Device,
         metrics: tuple[SeriesKey, ...],
         columns: list[list[float | None] | None],
-    ) -> _Plan:
+    ) -> _Entries:
         """The entry of each of a batch's metrics on one device (None where the device has no column),
-        composed for this batch; the recipes are remade only when the metrics list or the set of
-        columns present changes. Only series with a column count against the node's series limit."""
+        composed for this batch; the device's plan is looked up, and its series admitted, only when the
+        metrics list or the set of columns present changes. Only series with a column count against the
+        series limits."""
         absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
         runs = cache.runs
-        if cache.metrics != (metrics, absent):
-            # One plan per (metrics list, columns present, device label names), shared by every device
-            # that sends the same: a device holds a reference, not its own copy of a batch's metrics.
-            key = (metrics, absent, cache.names)
-            plan = self._plans.get(key)
-            if plan is None:
-                names = cache.names
-                recipes = [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)]
-                unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
-                plan = ((metrics, absent), recipes, unknown)
-                if len(metrics) <= _MAX_PLAN_KEYS:  # a flood of series is not kept for the next device
-                    self._plan_keys += len(metrics)
-                    if self._plan_keys > _MAX_PLANS_KEYS:
-                        self._plans.clear()
-                        self._plan_keys = len(metrics)
-                    self._plans[key] = plan
-            cache.metrics, cache.recipes, cache.unknown = plan
-            cache.generation = -1
+        plan = cache.plan
+        fresh = plan is None or cache.metrics != (metrics, absent)
+        if fresh:
+            plan = self._plan(cache, metrics, absent)
+        assert plan is not None
         entries = [
             None if r is None else b"".join([runs[p] if p.__class__ is int else p for p in r])  # type: ignore[misc]
-            for r in cache.recipes
+            for r in plan.recipes
         ]
-        if cache.generation != self._limits.generation:  # new recipes, or the limits started over
-            allowed = [e is None or bool(self._admit(node, e)) for e in entries]
-            cache.limited = allowed.count(False)
-            cache.allowed = allowed if cache.limited else []  # kept only where something is limited
-            cache.generation = self._limits.generation
-        if cache.limited:
-            entries = [e if ok else _LIMITED for e, ok in zip(entries, cache.allowed, strict=True)]
-        return _Plan(entries, cache.unknown, cache.limited)
+        if fresh:
+            allowed = [e is None or bool(self._admit(node, e, cache)) for e in entries]
+            if len(metrics) <= PLAN_LIMIT:
+                cache.plan, cache.metrics = plan, (metrics, absent)
+                cache.allowed = allowed if False in allowed else []  # kept only where something is refused
+            else:
+                cache.plan = cache.metrics = None
+            return _Entries(plan, entries, allowed)
+        return _Entries(plan, entries, cache.allowed)
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
         """Series for each batch's samples at the given positions (None: all of them)."""
         out = Converted()
+        if self.budget.rotate_due():  # each active series is admitted again, into the new window
+            self._devices.clear()
+            self._cached = 0
         pieces: list[tuple[_Entry, list[int], list[float]]] = []
         add = pieces.append
 
@@ -268,23 +317,26 @@ class Converter:
                     flags = [float(up[i]) for i in present]  # type: ignore[arg-type]
                 if not stamps_up:
                     continue
-                up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache)
                 if batch.summary_ms:  # gpu_up and gpu_info come with the raw samples
                     up_entry, info_entry = _LIMITED, None
-                elif up_entry:
-                    add((up_entry, stamps_up, flags))
                 else:
-                    out.limited[node] = out.limited.get(node, 0) + len(stamps_up)
+                    up_entry, info_entry = self._device_labels(node, dev.device, dev.info, cache, out)
+                    if up_entry:
+                        add((up_entry, stamps_up, flags))
+                    else:
+                        _add(out.limited, (node, cache.why), len(stamps_up))
                 if info_entry:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
                 plan = self._entries(node, cache, metrics, dev.columns)
+                gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, dev.counters_rising, out)
+                gaps |= dev.gaps
                 if plan.unknown:
                     out.unknown_keys |= plan.unknown
                 if plan.limited:
-                    out.limited[node] = out.limited.get(node, 0) + plan.limited * n
-                if keep is None and answering is None and not dev.gaps:  # the common case, in one C loop
+                    _add(out.limited, (node, cache.why), plan.limited * n)
+                if keep is None and answering is None and not gaps:  # the common case, in one C loop
                     pieces += [  # no gaps: no column holds a None
                         (e, times, c)  # type: ignore[misc]
                         for e, c in zip(plan.entries, dev.columns, strict=True)
@@ -330,15 +382,39 @@ class Converter:
                 out.series.append(Series((), ts_all, values, entry))
         return out
 
+    def _screen(
+        self,
+        batch: ColumnBatch,
+        plan: _Entries,
+        columns: list[list[float | None] | None],
+        cache: _Device,
+        nonfinite: bool,
+        rising: bool,
+        out: Converted,
+    ) -> bool:
+        """The value policy (bridge/values.py) on one device's columns, in place; True when it made gaps."""
+        dropped: dict[str, int] = {}
+        gaps = drop_nonfinite(columns, dropped) if nonfinite else False
+        # a summary's "<counter>:last" is its own series, checked in its raw batch
+        if plan.counter_positions and not batch.summary_ms:
+            counters = cache.counters
+            if counters is None:
+                counters = cache.counters = Counters()
+            counters.plan(plan.counter_keys, plan.counter_positions)
+            gaps |= counters.screen(batch.boot, batch.seqs, columns, dropped, rising)
+        for reason, count in dropped.items():
+            _add(out.dropped, (batch.node, reason), count)
+        return gaps
+
     def _device_labels(
-        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device
+        self, node: str, device: DeviceId, info: dict[str, str], cache: _Device, out: Converted
     ) -> tuple[_Entry, _Entry | None]:
         """The entries of ``gpu_up`` and (with identity strings) ``gpu_info`` for one device."""
         up = cache.up
         if up is None:
             up = _entry([("__name__", UP_METRIC), *device.labels(), (self.node_label, node)])
             self._count(1 + len(up) // _UNIT)
-            up = cache.up = self._admit(node, up)
+            up = cache.up = self._admit(node, up, cache)
         if not info:
             return up, None
         key = tuple(info.items())
@@ -346,50 +422,19 @@ class Converter:
         if found is None:
             if len(cache.info) > 16:  # identity strings change rarely (a driver update)
                 cache.info.clear()
-            pairs = dict(key)
-            pairs.update(device.labels())
-            pairs["__name__"] = INFO_METRIC
-            pairs[self.node_label] = node
-            found = _entry((k, v) for k, v in pairs.items() if _LABEL_NAME.match(k))
+            pairs, dropped = labels.info_labels(info, self._reserved)
+            for reason, count in dropped.items():
+                _add(out.labels_dropped, (node, reason), count)
+            pairs += [*device.labels(), ("__name__", INFO_METRIC), (self.node_label, node)]
+            found = _entry(pairs)
             self._count(1 + len(found) // _UNIT)
-            found = cache.info[key] = self._admit(node, found)
+            found = cache.info[key] = self._admit(node, found, cache)
         return up, found
 
+    def knows(self, node: str) -> bool:
+        """Whether ``node`` has active series (a name the bridge knows)."""
+        return self.budget.knows(node)
 
-class SeriesLimits:
-    """Distinct series per node, each remembered as the 64-bit hash of its encoded labels.
 
-    A node may create up to ``per_node`` series; further ones are refused. The hashes of all nodes
-    together are bounded by ``total`` (the series cache's size): past it, every count starts over, so
-    the limit is "per node since the bridge started, or since the fleet last filled the cache".
-
-    A node's hashes are kept sorted in an ``array('q')``: 8 bytes per series, where a set of Python ints
-    took about 64 (a 1,000-node fleet of 8-GPU nodes: about 7 MB instead of about 50). The converter asks
-    only when a device's set of series changes, so a lookup by bisection costs nothing that matters.
-    """
-
-    def __init__(self, per_node: int, total: int) -> None:
-        self.per_node = per_node
-        self._total = max(total, per_node)
-        self._seen: dict[str, array[int]] = {}
-        self._count = 0
-        self.generation = 0  # advances each time the counts start over
-
-    def admit(self, node: str, entry: bytes) -> bool:
-        seen = self._seen.get(node)
-        if seen is None:
-            seen = self._seen[node] = array("q")
-        h = hash(entry)
-        i = bisect.bisect_left(seen, h)
-        if i < len(seen) and seen[i] == h:
-            return True
-        if len(seen) >= self.per_node:
-            return False
-        if self._count >= self._total:
-            self._seen = {node: (seen := array("q"))}
-            self._count = 0
-            self.generation += 1
-            i = 0
-        seen.insert(i, h)
-        self._count += 1
-        return True
+def _add(counts: dict[tuple[str, str], int], key: tuple[str, str], n: int) -> None:
+    counts[key] = counts.get(key, 0) + n

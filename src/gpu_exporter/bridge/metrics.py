@@ -116,8 +116,56 @@ class BridgeMetrics:
         )
         self.series_limited = Counter(
             p + "series_limited",
-            "Values dropped because their node reached --bridge.max-series-per-node distinct series, by node.",
+            "Values dropped because a series limit refused their series, by node and reason (node: the node "
+            "reached --bridge.max-series-per-node; fleet: the fleet reached --bridge.max-series).",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.values_dropped = Counter(
+            p + "values_dropped",
+            "Values dropped by the value policy, by node and reason (nan, inf, negative_counter, counter_backwards).",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.labels_dropped = Counter(
+            p + "labels_dropped",
+            "Identity strings left out of gpu_info, by node and reason (invalid_name, name_too_long, "
+            "reserved, value_too_long, too_many); counted once per distinct set of identity strings.",
+            ["node", "reason"],
+            registry=registry,
+        )
+        self.new_nodes = Counter(
+            p + "new_nodes", "Node names the bridge started to write series for.", registry=registry
+        )
+        self.new_nodes_refused = Counter(
+            p + "new_nodes_refused",
+            "Batches dropped because their node name was new and --bridge.new-nodes-per-minute was reached.",
+            registry=registry,
+        )
+        self.active_series = Gauge(
+            p + "active_series",
+            "Series counted against --bridge.max-series (active in the last 1-2 hours).",
+            registry=registry,
+        )
+        self.twin_batches = Counter(
+            p + "twin_batches",
+            "Batches whose samples overlap in time those of another live boot of the same node: two agents "
+            "publish under one node name. By node.",
             ["node"],
+            registry=registry,
+        )
+        self.queue_bytes = Gauge(
+            p + "queue_bytes", "Payload bytes received and not yet written and acknowledged.", registry=registry
+        )
+        self.inflight_wait = Counter(
+            p + "inflight_wait_seconds",
+            "Time the MQTT network thread waited because --bridge.max-inflight or --bridge.max-inflight-bytes "
+            "was reached (meanwhile the broker keeps the messages).",
+            registry=registry,
+        )
+        self.redeliveries = Counter(
+            p + "redeliveries_skipped",
+            "Messages the broker sent again (after a reconnection) while the bridge still held them.",
             registry=registry,
         )
 

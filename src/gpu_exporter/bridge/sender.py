@@ -265,5 +265,5 @@ def _retry_after(value: str | None) -> float | None:
     except (TypeError, ValueError):
         return None
     if when.tzinfo is None:  # an obsolete date form without a zone: HTTP dates are GMT
-        when = when.replace(tzinfo=datetime.UTC)
+        when = when.replace(tzinfo=datetime.timezone.utc)
     return max(0.0, when.timestamp() - time.time())

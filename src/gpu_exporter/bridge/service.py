@@ -1,11 +1,16 @@
 """The bridge: MQTT batches in, remote write out, MQTT acknowledgement only after the write.
 
 Two threads. paho's network thread receives messages and queues them (status messages update node
-liveness directly). The writer thread takes what is queued (up to ``max_messages`` at a time), decodes,
-drops replays, converts, writes, and only then acknowledges each message, in the order received. A
-write that keeps failing blocks the writer; the broker holds everything unacknowledged meanwhile, and
-MQTT 5's Receive Maximum stops it from sending more than ``receive_maximum`` unacknowledged messages.
-If the bridge dies, every message it had not acknowledged is delivered again to its session.
+liveness directly; a payload over --bridge.max-payload is dropped there, before it is queued). The
+writer thread takes what is queued (up to ``max_messages`` at a time, waiting up to ``linger`` after the
+first for more, so that a fleet's messages arriving one at a time make few large writes), decodes, drops
+replays, converts, writes, and only then acknowledges the messages of that write, in the order received. A write that keeps failing
+blocks the writer; the broker holds everything unacknowledged meanwhile. What the bridge holds is
+bounded in messages and bytes by its own account (``inflight.py``): at the bound paho's thread waits,
+reads nothing more, and the broker keeps the rest. MQTT 5's Receive Maximum and Maximum Packet Size,
+announced in CONNECT, ask the broker for the same; the bridge does not rely on it.
+If the bridge dies, every message it had not acknowledged is delivered again to its session; with a
+``state_dir`` the restarted bridge recognises those it had written (``journal.py``).
 """
 
 from __future__ import annotations
@@ -17,8 +22,9 @@ import ssl
 import threading
 import time
 import urllib.parse
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -28,24 +34,31 @@ from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge import columns, summaries
 from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
 from gpu_exporter.bridge.columns import ColumnBatch
-from gpu_exporter.bridge.convert import Converter
+from gpu_exporter.bridge.convert import Converted, Converter
 from gpu_exporter.bridge.dedup import SeqTracker
-from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness, NodeNames
+from gpu_exporter.bridge.inflight import Inflight
+from gpu_exporter.bridge.journal import WriteJournal, seq_ranges
+from gpu_exporter.bridge.limits import NewNodes, SeriesBudget
+from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
+from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
-from gpu_exporter.forward import batch as codec
+from gpu_exporter.bridge.twins import Twins
+from gpu_exporter.bridge.values import RESET_AFTER
 
-__all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "parse_mqtt_url"]
+__all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "max_packet_size", "parse_mqtt_url"]
 
 log = logging.getLogger(__name__)
 
-MAX_NODES = 100_000  # distinct node names kept in per-node metrics and logs
 # JSON text decoded per remote write (the decoded columns take about five times as much memory): past
 # it, the messages taken at once are written in several groups, so that a burst of large payloads
 # cannot multiply the bridge's memory by --bridge.max-messages. One payload is always taken whole.
 GROUP_TEXT_BYTES = 4 * 1024 * 1024
+# What a PUBLISH carries besides its payload: fixed header, topic, properties (the agent's are a few dozen
+# bytes; the topic is at most a node name of 1024 characters and the prefix).
+PACKET_OVERHEAD = 64 * 1024
+MQTT_MAX_PACKET = 268_435_455  # the largest MQTT can express
 
 
 @dataclass(frozen=True)
@@ -62,10 +75,13 @@ class BridgeSettings:
     group: str = ""  # shared subscription group; empty: a plain subscription
     client_id: str = "gpu-exporter-bridge"
     session_expiry: float = 86400.0
-    receive_maximum: int = 200
+    keepalive: int = 30  # seconds
+    receive_maximum: int = 200  # also the bridge's own bound on messages held unacknowledged
+    max_inflight_bytes: int = 64 * 1024 * 1024
+    max_packet_size: int = 0  # announced in CONNECT; 0: max_payload + PACKET_OVERHEAD
     max_messages: int = 100  # messages per remote write
-    linger: float = 0.0  # seconds the writer waits for more messages before a write (coalescing)
-    max_payload: int = codec.DEFAULT_MAX_BYTES
+    linger: float = 0.5  # seconds the writer waits for more messages before a write (coalescing)
+    max_payload: int = 4 * 1024 * 1024
     node_label: str = "node"
     rw_timeout: float = 10.0
     rw_username: str = ""
@@ -80,9 +96,18 @@ class BridgeSettings:
     rw_headers: tuple[tuple[str, str], ...] = ()
     dedup_streams: int = 100_000
     series_cache: int = 750_000
-    max_series_per_node: int = 20_000
+    max_series_per_node: int = 10_000
+    max_series: int = 300_000
+    new_nodes_per_minute: int = 10
     max_clock_skew: float = 300.0
     clock_skew_policy: str = "correct"
+    state_dir: str = ""  # where the record of what was written is kept; empty: nowhere
+
+
+def max_packet_size(settings: BridgeSettings) -> int:
+    """The Maximum Packet Size the bridge announces: the setting, else its payload limit plus room for
+    the PUBLISH's header, topic and properties."""
+    return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
@@ -98,115 +123,35 @@ def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
     return parts.hostname, port, tls
 
 
-@dataclass(frozen=True, slots=True)
-class Received:
-    """A batch message as it came off the wire, waiting to be written and acknowledged."""
-
-    mid: int
-    qos: int
-    topic: str
-    payload: bytes
-    stamp: Stamp | None = None  # when it arrived and, from MQTT 5 agents, when it was sent
-
-
-class MessageHandler:
-    """Decodes one message; a bad payload is counted per node and logged once per node, never raised."""
-
-    def __init__(self, prefix: str, metrics: BridgeMetrics, max_payload: int, liveness: Liveness) -> None:
-        self._prefix = prefix.rstrip("/") + "/"
-        self._metrics = metrics
-        self._max_payload = max_payload
-        self._liveness = liveness
-        self._logged: set[str] = set()
-        self._lock = threading.Lock()
-
-    def topic_node(self, topic: str) -> str:
-        if topic.startswith(self._prefix):
-            rest = topic[len(self._prefix) :]
-            node, sep, _ = rest.rpartition("/")
-            if sep and node:
-                return node
-        return "unknown"
-
-    def decode(self, msg: Received) -> ColumnBatch | None:
-        try:
-            return self._decode(msg)
-        except Exception as exc:  # the handler's promise: nothing escapes
-            self.drop(self.topic_node(str(msg.topic)), "malformed", f"{type(exc).__name__}: {exc}")
-            return None
-
-    def _decode(self, msg: Received) -> ColumnBatch | None:
-        node = self.topic_node(msg.topic)
-        if len(msg.payload) > self._max_payload:
-            self.drop(node, "oversized", f"payload of {len(msg.payload)} bytes exceeds {self._max_payload}")
-            return None
-        try:
-            batch = columns.read(msg.payload, max_bytes=self._max_payload)
-        except codec.PayloadError as exc:
-            reason = "oversized" if "limit" in str(exc) else "malformed"
-            self.drop(node, reason, str(exc))
-            return None
-        if batch.node != node:
-            # The topic is what the broker's ACLs check: a node names itself only there.
-            self.drop(node, "node_mismatch", f"payload names node {batch.node!r}, its topic {node!r}")
-            return None
-        self._liveness.seen(node)
-        return summaries.complete(batch)  # a summary's gauges that held still: min = max = mean = last
-
-    def drop(self, node: str, reason: str, why: str) -> None:
-        """Count a dropped message for ``node``; log it the first time that node sends a bad one."""
-        with self._lock:
-            # The node comes from the topic: bound the label values a misbehaving publisher can create.
-            first = node not in self._logged
-            if first:
-                if len(self._logged) >= MAX_NODES:
-                    node, first = "_other", False
-                else:
-                    self._logged.add(node)
-        self._metrics.payloads_dropped.labels(node, reason).inc()
-        if first:
-            log.warning(
-                "dropped a %s batch from node %s: %s (logged once per node; see "
-                "gpu_exporter_bridge_payloads_dropped_total)",
-                reason,
-                node,
-                " ".join(why.split())[:300],
-            )
-
-    def status(self, topic: str, payload: bytes) -> None:
-        """A retained status message: online or offline (plain text, or JSON with a "status" field)."""
-        try:
-            node = self.topic_node(topic)
-            text = payload[:256].decode("utf-8", "replace").strip().lower()
-            if not text:
-                return
-            if "offline" in text:
-                self._liveness.status(node, False)
-            elif "online" in text:
-                self._liveness.status(node, True)
-        except Exception:  # pragma: no cover - defensive, the network thread must go on
-            log.debug("ignored a status message on %s", topic, exc_info=True)
-
-
 class Bridge:
     """Subscriber, writer and acknowledger. ``start()`` then ``stop(timeout)``."""
 
-    def __init__(self, settings: BridgeSettings, registry: CollectorRegistry) -> None:
+    def __init__(
+        self, settings: BridgeSettings, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        """``clock`` (monotonic seconds) times the series window, the new-name rate and twin liveness."""
         self.settings = settings
         self.metrics = BridgeMetrics(registry)
         self.liveness = Liveness()
         registry.register(self.liveness)
         self.dedup = SeqTracker(max_streams=settings.dedup_streams)
+        self.journal = self._load_journal()
         self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
         self._stop = threading.Event()
+        # bounded by ``inflight``: paho's thread waits there before it puts a message here
         self._queue: queue.Queue[Received] = queue.Queue()
-        self.nodes = NodeNames(MAX_NODES)
+        self.inflight = Inflight(settings.receive_maximum, settings.max_inflight_bytes, self._stop)
+        self.metrics.queue_bytes.set_function(lambda: self.inflight.usage()[1])
+        self.nodes = self.handler.nodes
+        self.log = self.handler.log
+        self.new_nodes = NewNodes(settings.new_nodes_per_minute, clock)
+        self.twins = Twins(MAX_NODES, clock)
         self.clock = ClockGuard(settings.max_clock_skew, settings.clock_skew_policy, self.metrics, self.nodes)
         registry.register(self.clock)
         self._converter = Converter(
             settings.node_label,
             cache_size=settings.series_cache,
-            max_series_per_node=settings.max_series_per_node,
+            budget=SeriesBudget(settings.max_series_per_node, settings.max_series, clock=clock),
         )
         self._writer = RemoteWriter(
             settings.remote_write_url,
@@ -253,7 +198,21 @@ class Bridge:
         self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
         self._connected = threading.Event()
         self._unknown_logged: set[str] = set()
-        self._limited_logged: set[str] = set()
+
+    def _load_journal(self) -> WriteJournal | None:
+        """The record of what this bridge's session had written, read into the replay memory."""
+        if not self.settings.state_dir:
+            return None
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.settings.client_id)
+        journal = WriteJournal(Path(self.settings.state_dir) / f"written-{name}.log")
+        loaded = journal.load(self.dedup)
+        try:
+            journal.open()
+        except OSError as exc:
+            raise OSError(f"--bridge.state-dir: cannot write {journal.path}: {exc.strerror or exc}") from None
+        if loaded:
+            log.info("recognising %d ranges of sequence numbers written before the restart (%s)", loaded, journal.path)
+        return journal
 
     # ------------------------------------------------------------------------------------------- MQTT
 
@@ -261,7 +220,10 @@ class Bridge:
         props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
         props.SessionExpiryInterval = int(self.settings.session_expiry)
         props.ReceiveMaximum = self.settings.receive_maximum
-        self._client.connect_async(self._host, self._port, keepalive=30, clean_start=False, properties=props)
+        props.MaximumPacketSize = max_packet_size(self.settings)
+        self._client.connect_async(
+            self._host, self._port, keepalive=self.settings.keepalive, clean_start=False, properties=props
+        )
         self._client.loop_start()
         self._thread.start()
 
@@ -293,6 +255,7 @@ class Bridge:
                 "(at-least-once needs QoS 1; Mosquitto: max_qos)",
                 self.batch_topic,
             )
+        self.new_nodes.subscribed()
         self._connected.set()
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
@@ -309,18 +272,48 @@ class Bridge:
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
         try:
+            self._receive(client, msg)
+        except Exception as exc:  # paho's thread must go on (an exception would end its loop)
+            self.log.warning("receive", "unexpected error on a received message: %s: %s", type(exc).__name__, exc)
+
+    def _receive(self, client: mqtt.Client, msg: mqtt.MQTTMessage) -> None:
+        try:
             topic = msg.topic
         except Exception:  # a topic that is not UTF-8
             topic = "?"
         if topic.endswith("/status"):
-            self.handler.status(topic, bytes(msg.payload))
+            self.status(topic, bytes(msg.payload))
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return
         self.metrics.messages.inc()
+        payload = msg.payload
+        if len(payload) > self.settings.max_payload:  # before it takes room in the queue
+            self.handler.drop(
+                self.handler.topic_node(topic),
+                "oversized",
+                f"payload of {len(payload)} bytes exceeds the {self.settings.max_payload}-byte limit",
+            )
+            if msg.qos:
+                client.ack(msg.mid, msg.qos)
+            return
         stamp = stamp_of(getattr(msg, "properties", None))
-        self._queue.put(Received(msg.mid, msg.qos, topic, bytes(msg.payload), stamp))
+        received = Received(msg.mid, msg.qos, topic, bytes(payload), stamp, not self.new_nodes.has_subscribed())
+        waited = self.inflight.waited
+        admitted = self.inflight.admit(received, bool(msg.dup))
+        if self.inflight.waited > waited:
+            self.metrics.inflight_wait.inc(self.inflight.waited - waited)
+        if not admitted:
+            if not self._stop.is_set():
+                self.metrics.redeliveries.inc()
+            return
+        self._queue.put(received)
         self.metrics.queue.inc()
+
+    def status(self, topic: str, payload: bytes) -> None:
+        """A node's status message: its liveness, and while the fleet introduces itself, its name."""
+        self.handler.status(topic, payload)
+        self.new_nodes.status(self.handler.topic_node(topic))
 
     # ----------------------------------------------------------------------------------------- writer
 
@@ -330,31 +323,55 @@ class Bridge:
                 first = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            msgs = [first]
-            # Coalesce: wait up to --bridge.write-linger for more messages, so that a fleet whose
-            # messages arrive one at a time is written in a few large requests instead of several
-            # small ones per message. The first message's acknowledgement waits that much longer.
-            deadline = time.monotonic() + self.settings.linger
-            while len(msgs) < self.settings.max_messages:
-                try:
-                    msgs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    left = deadline - time.monotonic()
-                    if left <= 0 or self._stop.is_set():
-                        break
-                    try:
-                        msgs.append(self._queue.get(timeout=left))
-                    except queue.Empty:
-                        break
+            msgs = self._take(first)
             try:
                 self.process_safely(msgs)
             except Stopped:
                 log.info("stopping with %d messages unwritten; the broker delivers them again", len(msgs))
+                self.inflight.release(msgs)
                 return
-            for m in msgs:
-                if m.qos:
-                    self._client.ack(m.mid, m.qos)
+            for m in self.inflight.claim(msgs):  # acknowledged before released: paho sends them on
+                self._client.ack(m.mid, m.qos)
+            self.inflight.release(msgs)
             self.metrics.queue.dec(len(msgs))
+
+    def _take(self, first: Received) -> list[Received]:
+        """``first`` and what else is queued, up to ``max_messages``, waiting at most ``linger`` seconds
+        after ``first`` for more: a write's latency bound."""
+        msgs = [first]
+        deadline = time.monotonic() + self.settings.linger
+        while len(msgs) < self.settings.max_messages:
+            try:
+                msgs.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                break
+            try:
+                msgs.append(self._queue.get(timeout=min(left, 0.2)))
+            except queue.Empty:
+                continue
+        return msgs
+
+    def _acknowledge(self, msgs: list[Received]) -> None:
+        """Acknowledge ``msgs`` (each once), as soon as what they carry was written."""
+        for m in self.inflight.claim(msgs):
+            self._client.ack(m.mid, m.qos)
+
+    def _record(self, decoded: list[tuple[ColumnBatch, list[int] | None]]) -> None:
+        """Record a write's sequence numbers (``journal.py``), before its messages are acknowledged."""
+        if self.journal is None:
+            return
+        marks = [
+            (b.node, _stream(b), seq_ranges(b.seqs if keep is None else [b.seqs[i] for i in keep]))
+            for b, keep in decoded
+        ]
+        try:
+            self.journal.record(marks)
+        except OSError as exc:  # the write stands: only a restart's recognition of it is lost
+            self.log.warning("journal", "cannot record a write in %s: %s", self.journal.path, exc)
 
     def process_safely(self, msgs: list[Received]) -> int:
         """``process``, but a message that makes it fail (a bug, not a network error: those are retried
@@ -381,16 +398,19 @@ class Bridge:
         written = 0
         todo = iter(msgs)
         while True:
-            group = self._group(todo)
+            taken: list[Received] = []
+            group = self._group(todo, taken)
             if group is None:
                 return written
+            self._acknowledge(taken)
             written += group
 
-    def _group(self, todo: Iterator[Received]) -> int | None:
-        """Decode, check and write messages of ``todo`` until GROUP_TEXT_BYTES of JSON were decoded;
-        the samples written, None when ``todo`` was empty."""
+    def _group(self, todo: Iterator[Received], taken_msgs: list[Received]) -> int | None:
+        """Decode, check and write messages of ``todo`` (appended to ``taken_msgs``) until
+        GROUP_TEXT_BYTES of JSON were decoded; the samples written, None when ``todo`` was empty."""
         decoded: list[tuple[ColumnBatch, list[int] | None]] = []
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
+        admitted: set[str] = set()  # new node names admitted in this group (written with it)
         replays = 0
         text = 0
         now_ms = -(-time.time_ns() // 1_000_000)  # nothing later is written (bridge/clock.py); ceil: stamps round
@@ -398,8 +418,9 @@ class Bridge:
         if first is None:
             return None
         for m in itertools.chain((first,), todo):
+            taken_msgs.append(m)
             batch = self.handler.decode(m)
-            if batch is None:
+            if batch is None or not self._admit_node(batch, m.backlog, admitted):
                 continue
             stream = _stream(batch)
             taken = pending.setdefault((batch.node, stream), set())
@@ -414,6 +435,8 @@ class Bridge:
             if checked is None:
                 continue
             batch, keep = checked
+            if not batch.summary_ms:
+                self._twins(batch)
             taken.update(seqs[i] for i in (range(len(seqs)) if keep is None else keep))
             decoded.append((batch, keep))
             text += batch.text_bytes
@@ -424,14 +447,12 @@ class Bridge:
         if not decoded:
             return 0
         converted = self._converter.convert(decoded)
-        for key in converted.unknown_keys:
-            self._warn_unknown(key)
-        for node, values in converted.limited.items():
-            self._warn_limited(node, values)
+        self._count(converted)
         outcome = self._writer.write(converted.series)
         now = time.time()
         for batch, keep in decoded:
             self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])
+        self._record(decoded)
         self.metrics.samples.inc(outcome.written)
         if outcome.written:  # health advances only with what remote storage accepted
             total = outcome.written + outcome.rejected
@@ -441,17 +462,89 @@ class Bridge:
                 self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
         return outcome.written
 
-    def _warn_limited(self, node: str, values: int) -> None:
-        label = self.nodes.label(node)
-        self.metrics.series_limited.labels(label).inc(values)
-        if label not in self._limited_logged:
-            self._limited_logged.add(label)
-            log.warning(
-                "node %s reached --bridge.max-series-per-node=%d distinct series; values of further series "
-                "are dropped (logged once per node; see gpu_exporter_bridge_series_limited_total)",
-                label,
-                self.settings.max_series_per_node,
+    def _admit_node(self, batch: ColumnBatch, backlog: bool, admitted: set[str]) -> bool:
+        """False (the batch dropped and counted) for a node name the bridge does not know, once
+        --bridge.new-nodes-per-minute new names came in the last minute. A name admitted earlier in the
+        same write group (``admitted``) is known: it takes one token, however many of its batches the
+        group coalesced."""
+        if batch.node in admitted or self._converter.knows(batch.node):
+            return True
+        if backlog or self.new_nodes.take(batch.node):
+            self.metrics.new_nodes.inc()
+            admitted.add(batch.node)
+            return True
+        self.metrics.new_nodes_refused.inc()
+        self.log.warning(
+            "new_nodes",
+            "dropped a batch of new node %s: more than --bridge.new-nodes-per-minute=%d new node names in the "
+            "last minute (see gpu_exporter_bridge_new_nodes_refused_total)",
+            self.nodes.label(batch.node),
+            self.settings.new_nodes_per_minute,
+        )
+        return False
+
+    def _twins(self, batch: ColumnBatch) -> None:
+        twin = self.twins.seen(batch.node, batch.boot, batch.times_ms[0], batch.times_ms[-1])
+        if twin is None:
+            return
+        label = self.nodes.label(batch.node)
+        self.metrics.twin_batches.labels(label).inc()
+        self.log.warning(
+            "twins",
+            "node %s: boots %s and %s publish samples of the same time: two agents run with one node name "
+            "(see gpu_exporter_bridge_twin_batches_total)",
+            label,
+            twin[:40],
+            batch.boot[:40],
+        )
+
+    def _count(self, converted: Converted) -> None:
+        """The converter's refusals, counted and logged (at most a line a minute per kind)."""
+        for key in converted.unknown_keys:
+            self._warn_unknown(key)
+        for (node, why), values in converted.limited.items():
+            label = self.nodes.label(node)
+            self.metrics.series_limited.labels(label, why).inc(values)
+            limit = "max-series-per-node" if why == "node" else "max-series"
+            bound = self.settings.max_series_per_node if why == "node" else self.settings.max_series
+            self.log.warning(
+                "limit:" + why,
+                "%s reached --bridge.%s=%d active series; values of further series are dropped "
+                "(see gpu_exporter_bridge_series_limited_total)",
+                f"node {label}" if why == "node" else "the fleet",
+                limit,
+                bound,
             )
+        for (node, reason), values in converted.dropped.items():
+            label = self.nodes.label(node)
+            if reason == "counter_reset":
+                self.log.warning(
+                    "counter_reset",
+                    "node %s: a counter stayed below its earlier value for %d batches: taken as a reset within "
+                    "the agent's boot (a GPU reset or driver reload)",
+                    label,
+                    RESET_AFTER,
+                )
+                continue
+            self.metrics.values_dropped.labels(label, reason).inc(values)
+            self.log.warning(
+                "values:" + reason,
+                "dropped %d %s value(s) of node %s (docs/bridge.md, Values; see gpu_exporter_bridge_values_dropped_total)",
+                values,
+                reason,
+                label,
+            )
+        for (node, reason), keys in converted.labels_dropped.items():
+            label = self.nodes.label(node)
+            self.metrics.labels_dropped.labels(label, reason).inc(keys)
+            self.log.warning(
+                "labels:" + reason,
+                "left %d identity string(s) of node %s out of gpu_info: %s (see gpu_exporter_bridge_labels_dropped_total)",
+                keys,
+                label,
+                reason,
+            )
+        self.metrics.active_series.set(self._converter.budget.total)
 
     def _warn_unknown(self, key: str) -> None:
         if key not in self._unknown_logged:
@@ -470,6 +563,8 @@ class Bridge:
             self._client.disconnect()
             self._client.loop_stop()
         self._writer.close()
+        if self.journal is not None:
+            self.journal.close()
 
 
 def _stream(batch: ColumnBatch) -> str:

@@ -12,7 +12,7 @@ from typing import Any, cast
 from urllib.parse import urlsplit
 
 from gpu_exporter import config as cfg
-from gpu_exporter.doctor.checks import FAIL, OK, WARN, Node, Result
+from gpu_exporter.doctor.checks import FAIL, OK, SKIP, WARN, Node, Result
 
 __all__ = ["broker", "clock"]
 
@@ -34,7 +34,7 @@ def broker(node: Node) -> Result:
     name = "mqtt-broker"
     c = node.config
     if not c.mqtt_url:
-        return Result(name, OK, "forwarding off (no --mqtt.url)")
+        return Result(name, SKIP, "forwarding off (no --mqtt.url)")
     host, port, secure = _address(c)
     v5 = c.mqtt_protocol == "5"
     client = paho.Client(
@@ -98,8 +98,12 @@ _TLS_FIX = "check --mqtt.tls.ca-file (the CA that signed the broker), the host n
 
 
 def clock(node: Node) -> Result:
-    """The wall clock is plausible, and within the validity of the broker's certificate (mqtts://)."""
+    """With forwarding on: the wall clock is plausible, and within the validity of the broker's certificate
+    (mqtts://). Forwarded samples carry the node's timestamps; scraped ones get Prometheus's."""
     name = "clock"
+    c = node.config
+    if not c.mqtt_url:
+        return Result(name, SKIP, "forwarding off (no --mqtt.url): the scraping Prometheus stamps the samples")
     now = node.clock()
     if now < CLOCK_FLOOR:
         return Result(
@@ -108,8 +112,7 @@ def clock(node: Node) -> Result:
             f"the clock says {time.strftime('%Y-%m-%d', time.gmtime(now))}, before this release",
             "enable NTP (chrony, systemd-timesyncd) on the node; without an RTC battery the clock restarts at its epoch",
         )
-    c = node.config
-    if not c.mqtt_url or not c.mqtt_url.startswith("mqtts://"):
+    if not c.mqtt_url.startswith("mqtts://"):
         return Result(name, OK, "plausible (plain MQTT carries no time to compare with)")
     host, port, _ = _address(c)
     try:

@@ -2,7 +2,8 @@
 
 Each check takes a ``Node`` (the configuration plus every path and library it looks at, so that tests
 point it at fixture trees and library fakes) and returns one ``Result``: ok, warn or fail, what was
-found, and what to do.
+found, and what to do. A check that does not apply to this configuration (another vendor, forwarding
+off) says ``skip`` and why, never ``ok``: it looked at nothing.
 """
 
 from __future__ import annotations
@@ -19,9 +20,9 @@ from typing import Any
 
 from gpu_exporter.config import Config
 
-__all__ = ["CHECKS", "Node", "Result"]
+__all__ = ["CHECKS", "FAIL", "OK", "SKIP", "WARN", "Node", "Result", "skipped_vendor"]
 
-OK, WARN, FAIL = "ok", "warn", "fail"
+OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 
 
 @dataclass(frozen=True)
@@ -46,12 +47,16 @@ class Node:
         return self.config.gpu_vendor in ("auto", vendor)
 
 
+def skipped_vendor(name: str, node: Node) -> Result:
+    return Result(name, SKIP, f"--gpu-vendor={node.config.gpu_vendor}")
+
+
 def _library(node: Node, vendor: str) -> Result:
     from gpu_exporter.backends.base import BackendError
 
     name = f"{vendor}-library"
     if not node.wants(vendor):
-        return Result(name, OK, f"not checked (--gpu-vendor={node.config.gpu_vendor})")
+        return skipped_vendor(name, node)
     backend: Any
     try:
         if vendor == "nvidia":
@@ -95,7 +100,7 @@ def device_nodes(node: Node) -> Result:
     if node.wants("amd"):
         groups.append(("amd", [os.path.join(node.dev, "kfd"), *glob.glob(os.path.join(node.dev, "dri", "renderD*"))]))
     if not groups:
-        return Result("device-nodes", OK, f"not checked (--gpu-vendor={node.config.gpu_vendor})")
+        return skipped_vendor("device-nodes", node)
     found = []
     for vendor, paths in groups:
         present = [p for p in paths if os.path.exists(p)]
@@ -126,7 +131,7 @@ def nvidia_runtime(node: Node) -> Result:
     """The NVIDIA container runtime's environment asks for every GPU and the utility capability."""
     name = "nvidia-runtime"
     if not node.wants("nvidia"):
-        return Result(name, OK, f"not checked (--gpu-vendor={node.config.gpu_vendor})")
+        return skipped_vendor(name, node)
     env = node.environ
     visible = env.get("NVIDIA_VISIBLE_DEVICES")
     caps = env.get("NVIDIA_DRIVER_CAPABILITIES", "")
@@ -169,7 +174,7 @@ def jetson_sysfs(node: Node) -> Result:
 
     name = "jetson-sysfs"
     if not node.wants("jetson"):
-        return Result(name, OK, f"not checked (--gpu-vendor={node.config.gpu_vendor})")
+        return skipped_vendor(name, node)
     sysfs = Path(node.config.path_sysfs)
     try:
         gpu = find_gpu(sysfs)
@@ -192,7 +197,7 @@ def pod_attribution(node: Node) -> Result:
     name = "pod-attribution"
     c = node.config
     if not c.k8s_pod_attribution:
-        return Result(name, OK, "off (--k8s.pod-attribution=false)")
+        return Result(name, SKIP, "pod attribution off (--k8s.pod-attribution=false)")
     cgroup = Path(c.path_procfs) / "1" / "cgroup"
     try:
         text = cgroup.read_text()
@@ -233,7 +238,7 @@ def spool(node: Node) -> Result:
     name = "spool"
     c = node.config
     if not c.mqtt_url:
-        return Result(name, OK, "forwarding off (no --mqtt.url)")
+        return Result(name, SKIP, "forwarding off (no --mqtt.url)")
     directory = Path(c.spool_dir)
     probe = directory / f".doctor-{uuid.uuid4().hex}"
     try:

@@ -11,8 +11,8 @@ import json
 import sys
 from collections.abc import Sequence
 
-from gpu_exporter import __version__
 from gpu_exporter import config as cfg
+from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.commands import agent_option
 from gpu_exporter.doctor import broker
 from gpu_exporter.doctor.checks import CHECKS, FAIL, Check, Node, Result
@@ -30,7 +30,7 @@ def build_parser() -> argparse.ArgumentParser:
         "NVIDIA runtime's environment, Jetson sysfs, the mounts for pod attribution, the spool, the MQTT "
         "broker and the clock. One line per check (ok, warn, fail, and what to do); exit 1 when one fails.",
     )
-    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    add_version_flag(parser)
     parser.add_argument("--output", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--path.dev", dest="path_dev", default="/dev", metavar="PATH", help="device directory")
     cfg.add_arguments(parser, include=agent_option)

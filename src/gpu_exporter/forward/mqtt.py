@@ -48,6 +48,7 @@ STABLE = 10.0  # seconds a connection must last before a lost connection resets 
 _REPEAT = 60.0  # seconds before the same problem is logged again
 OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
+_PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
 
 
 def _varint_len(n: int) -> int:
@@ -105,7 +106,10 @@ def read_password_bytes(path: str) -> bytes:
     """First line of the password file, as bytes: an MQTT password is binary data, UTF-8 or not (re-read
     at every connection, so a rotated secret is picked up)."""
     with open(path, "rb") as handle:
-        return handle.readline().rstrip(b"\r\n")
+        line = handle.readline(_PASSWORD_MAX + 2).rstrip(b"\r\n")
+    if len(line) > _PASSWORD_MAX:  # a file rotated to something else: never read it whole
+        raise OSError(errno.EFBIG, f"its first line is over {_PASSWORD_MAX} bytes, MQTT's limit for a password")
+    return line
 
 
 class Link:
@@ -146,6 +150,8 @@ class Link:
         self._status_mid: int | None = None  # the status message while its PUBACK is due
         self.status_rtt = 0.0  # seconds from connecting to the status message's PUBACK (0: not yet)
         self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
+        # how the last connection ended, for twins.TwinWatch: (reason code, from a broker DISCONNECT, seconds up)
+        self.last_loss: tuple[int | None, bool, float] | None = None
 
     @property
     def up(self) -> bool:
@@ -377,6 +383,9 @@ class Link:
         if client is not self._client or self.state in ("down", "closing"):
             return
         what = reason.getName() if isinstance(reason, ReasonCode) else str(reason)
+        code = reason.value if isinstance(reason, ReasonCode) else None
+        from_broker = bool(getattr(flags, "is_disconnect_packet_from_server", False))
+        self.last_loss = (code, from_broker, self._clock() - self._up_at)
         self._fail("lost", f"connection to broker at {self._where()} lost: {what}")
 
     def _published(

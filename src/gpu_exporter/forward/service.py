@@ -43,6 +43,8 @@ from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, veri
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget
 from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.forward.spool_metrics import SpoolCollector
+from gpu_exporter.forward.twins import TwinWatch
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
@@ -231,8 +233,10 @@ class Forwarder:
         self.metrics.working.set(1)  # until a check says otherwise (see health)
         self._clock = clock
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
+        registry.register(SpoolCollector(self.spool))  # rows refused as not raw bytes, damaged WALs
         settings = LinkSettings.from_config(config, window=WINDOW)  # raises ConfigError for bad TLS files
         self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
+        self.twins = TwinWatch(registry, self.node, settings.client_id, config.mqtt_reconnect_max_delay)
         self.meter = LinkMeter(registry, config.mqtt_max_rate)
         # summaries first where the link is too thin for full resolution (adaptive.py)
         self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
@@ -671,6 +675,8 @@ class Forwarder:
 
     def _down(self, message: str) -> None:
         self.metrics.connected.set(0)
+        loss, self.link.last_loss = self.link.last_loss, None
+        self.twins.down(loss)  # another agent with this client id? (twins.py)
         if self._down_since is None:
             self._down_since = self._clock()
         if message:

@@ -33,6 +33,13 @@ the batch being written), and reported as ``disk_full``, with one log line a min
 happens when something else fills the filesystem: the spool then gives up its oldest batches so that it
 can still write and delete. The WAL is checkpointed every 128 pages and cut back to 1 MiB, so it never
 holds much of the disk either.
+
+Only raw bytes are read back (``spool_disk.SafeDisk``): a row stored in any other form (a pickle, which
+diskcache would have unpickled, text, a number, a file outside the spool) is moved aside and counted in
+``rejected`` by reason, never interpreted. A damaged write-ahead log, which SQLite drops silently with
+the batches committed in it, is kept aside and counted with its size (``wal_damaged``,
+``wal_lost_bytes``). Ages are measured in spool time (``spool_clock.SpoolClock``), which a wall-clock
+step does not move.
 """
 
 from __future__ import annotations
@@ -50,6 +57,9 @@ from dataclasses import dataclass
 from typing import Any
 
 import diskcache
+
+from gpu_exporter.forward.spool_clock import STATE_KEY, SpoolClock, boottime
+from gpu_exporter.forward.spool_disk import ForeignKey, Refused, SafeDisk, check_wal
 
 __all__ = ["Entry", "Spool"]
 
@@ -86,23 +96,7 @@ _SETTINGS: dict[str, Any] = {
 }
 
 DropHook = Callable[[str, int, int], None]
-
-
-class _Disk(diskcache.Disk):  # type: ignore[misc]
-    """diskcache's Disk, remembering the value files it names: a refused write must not leave them behind.
-
-    diskcache writes a large value to its own file before the SQLite row; when the disk is full the file
-    (whole, or cut short by ENOSPC) would stay, unreferenced, and keep the disk full for good.
-    """
-
-    def __init__(self, directory: str, **settings: Any) -> None:
-        super().__init__(directory, **settings)
-        self.named: list[str] = []
-
-    def filename(self, key: Any = diskcache.core.UNKNOWN, value: Any = diskcache.core.UNKNOWN) -> tuple[str, str]:
-        name, full_path = super().filename(key, value)
-        self.named.append(name)
-        return name, full_path
+_Disk = SafeDisk  # the name tests and tools opened the spool's cache with
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,7 +112,7 @@ def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:
         return type(exc) is sqlite3.DatabaseError
-    return (code & 0xFF) in (sqlite3.SQLITE_CORRUPT, sqlite3.SQLITE_NOTADB)
+    return (code & 0xFF) in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (named in the sqlite3 module from 3.11)
 
 
 @dataclass(frozen=True, slots=True)
@@ -254,13 +248,19 @@ class Spool:
         max_bytes: int,
         max_age: float,
         on_drop: DropHook | None = None,
-        clock: Callable[[], float] = time.time,
+        clock: Callable[[], float] = boottime,
+        age: SpoolClock | None = None,
     ) -> None:
+        """``clock``: seconds on a clock that wall-clock steps do not move; ``age``: the whole spool time
+        (``spool_clock``), when a test gives one."""
         self.directory = directory
         self.max_bytes = max_bytes
         self.max_age = max_age
         self._on_drop = on_drop or (lambda reason, batches, samples: None)
-        self._clock = clock
+        self._age = age or SpoolClock(elapsed=clock)
+        self.rejected: dict[str, int] = {}  # rows not read (never unpickled), by reason (spool_disk.Refused)
+        self.wal_damaged = 0  # write-ahead logs SQLite would drop in part or whole
+        self.wal_lost_bytes = 0
         self._cache: diskcache.Cache | None = None
         self._index = _Index()  # oldest first
         self._memory: dict[str, _Held] = {}  # entries the disk refused, oldest first
@@ -289,9 +289,12 @@ class Spool:
             # index, and only the others (journal, unknown: a handful) are kept to be dealt with after.
             others: list[Any] = []
             entries: list[Entry] = []  # only queue keys out of counter order, which sort order rules out
+            clock_state: bytes | Refused | None = None
             for key in self._cache.iterkeys():
                 entry = Entry.parse(key) if isinstance(key, str) else None
-                if entry is None:
+                if key == STATE_KEY:
+                    clock_state = self._read(key)
+                elif entry is None:
                     others.append(key)
                 elif entries or (len(self._index) and entry.counter <= self._counter):
                     entries.append(entry)
@@ -310,15 +313,17 @@ class Spool:
         journal: list[tuple[str, bytes]] = []
         for key in others:
             if not isinstance(key, str):
-                self._quarantine_key(key, "unknown key")
+                self._quarantine_key(key, "a key not stored as text")
+                self._reject("key")
+                self._on_drop("corrupt", 1, 0)
                 continue
             if key.startswith("j."):
                 data = self._read(key)
-                if data is None:
-                    self._quarantine_key(key, "unreadable journal entry")
-                    self._on_drop("corrupt", 0, 1)
-                else:
+                if isinstance(data, bytes):
                     journal.append((key, data))
+                else:
+                    self._quarantine_key(key, "unreadable journal entry", data)
+                    self._on_drop("corrupt", 0, 1)
                 continue
             self._quarantine_key(key, "unknown key")
             self._on_drop("corrupt", 1, 0)
@@ -334,7 +339,24 @@ class Spool:
                 self._index.append(entry)
                 self._bytes += entry.size
                 self._counter = entry.counter
+        self._resume_clock(clock_state)
         return journal
+
+    def _resume_clock(self, raw: bytes | Refused | None) -> None:
+        newest = self._index.newest()
+        how = self._age.resume(raw if isinstance(raw, bytes) else None, newest.created_ms if newest else None)
+        if isinstance(raw, Refused):
+            self._quarantine_key(STATE_KEY, "the clock state is not raw bytes", raw)
+        log.debug("spool: spool time resumed (%s)", how)
+        self._save_clock()
+
+    def _save_clock(self) -> None:
+        if self._cache is None:
+            return
+        try:
+            self._cache.set(STATE_KEY, self._age.state())
+        except _DISK_ERRORS as exc:  # only ages after a restart depend on it: said at debug level
+            log.debug("spool: cannot save its clock state: %s", exc)
 
     @property
     def on_disk(self) -> bool:
@@ -368,13 +390,14 @@ class Spool:
         return journal
 
     def _open_cache(self) -> diskcache.Cache:
+        self._check_wal()
         try:
-            return diskcache.Cache(self.directory, disk=_Disk, **_SETTINGS)
+            return diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
         except sqlite3.DatabaseError as exc:
             if not _is_corrupt(exc):
                 raise  # a full or failing disk: the database stays where it is, for the next start
             # An unreadable database: keep it for inspection and start afresh rather than stop forwarding.
-            aside = os.path.join(self.directory, "corrupt", f"db-{int(self._clock())}")
+            aside = os.path.join(self.directory, "corrupt", f"db-{int(time.time())}")
             os.makedirs(aside, exist_ok=True)
             for name in os.listdir(self.directory):
                 if name.startswith("cache.db"):
@@ -386,7 +409,7 @@ class Spool:
                 aside,
             )
             self._on_drop("corrupt", 0, 0)
-            return diskcache.Cache(self.directory, disk=_Disk, **_SETTINGS)
+            return diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
 
     def close(self) -> None:
         """Write what memory still holds to disk if it can now; what the disk still refuses is lost (counted).
@@ -416,6 +439,7 @@ class Spool:
             )
             self._unreleased.clear()
         if self._cache is not None:
+            self._save_clock()
             with contextlib.suppress(Exception):
                 self._cache.close()
             self._cache = None
@@ -425,7 +449,7 @@ class Spool:
     def put(self, data: bytes, first_seq: int, last_seq: int, samples: int, journal: Sequence[str] = ()) -> Entry:
         """Store a batch (and forget the journal keys it replaces, in the same transaction)."""
         self._counter += 1
-        entry = Entry(self._counter, int(self._clock() * 1000), len(data), first_seq, last_seq, samples)
+        entry = Entry(self._counter, self._age.now_ms(), len(data), first_seq, last_seq, samples)
         if self._cache is None:
             self._hold(entry.key, data, journal)
         else:
@@ -483,6 +507,10 @@ class Spool:
         if entry not in self._index:
             return None
         data = self._read(entry.key)
+        if isinstance(data, Refused):
+            self._reject(data.reason)
+            self.quarantine(entry, data.data, f"stored as {data.reason}, not raw bytes; never read")
+            return None
         if data is None or len(data) != entry.size:
             self.quarantine(entry, data, "unreadable or truncated")
             return None
@@ -534,14 +562,16 @@ class Spool:
 
     def oldest_age(self) -> float:
         oldest = self.oldest()
-        return 0.0 if oldest is None else max(0.0, self._clock() - oldest.created_ms / 1000)
+        return 0.0 if oldest is None else max(0.0, (self._age.now_ms() - oldest.created_ms) / 1000)
 
     def expire(self) -> int:
         """Drop batches older than ``max_age``; returns how many went. Called periodically, it also
         retries what the disk refused (see ``close``) and keeps the reserve free (see ``_keep_reserve``)."""
         self._catch_up()
         self._keep_reserve()
-        limit_ms = (self._clock() - self.max_age) * 1000
+        if self._age.due():
+            self._save_clock()
+        limit_ms = self._age.now_ms() - self.max_age * 1000
         gone = 0
         for entry in self.entries():
             if entry.created_ms >= limit_ms:
@@ -674,15 +704,46 @@ class Spool:
             )
         self._on_drop("disk_full", batches, samples)
 
-    def _read(self, key: str) -> bytes | None:
+    def _read(self, key: str) -> bytes | Refused | None:
+        """The stored bytes; a ``Refused`` for a row in another form (never interpreted); None when the
+        row is missing or cannot be read."""
         if self._cache is None:
             return None
         try:
             value = self._cache.get(key)
-        except (*_DISK_ERRORS, ValueError) as exc:
+        except (*_DISK_ERRORS, ValueError, TypeError) as exc:
             log.warning("spool: cannot read %s: %s", key, exc)
             return None
-        return value if isinstance(value, bytes) else None
+        return value if isinstance(value, (bytes, Refused)) else None
+
+    def _reject(self, reason: str) -> None:
+        self.rejected[reason] = self.rejected.get(reason, 0) + 1
+
+    def _check_wal(self) -> None:
+        """Before SQLite opens the database: a damaged WAL is kept aside, said and counted (SQLite would
+        drop it, or its frames from the damage on, without a word)."""
+        wal = os.path.join(self.directory, "cache.db-wal")
+        damage = check_wal(wal)
+        if damage is None:
+            return
+        aside = os.path.join(self.directory, "corrupt", f"wal-{int(time.time() * 1000)}.bin")
+        try:
+            os.makedirs(os.path.dirname(aside), exist_ok=True)
+            shutil.copyfile(wal, aside)
+        except OSError as exc:
+            aside = f"nowhere ({exc.strerror or exc})"
+        self.wal_damaged += 1
+        self.wal_lost_bytes += damage.lost
+        self._reject("wal")
+        log.error(
+            "spool: the write-ahead log %s is damaged (%s): SQLite drops its last %d of %d bytes and the "
+            "batches committed in them, which cannot be read from it to be counted; a copy is kept at %s",
+            wal,
+            damage.why,
+            damage.lost,
+            damage.size,
+            aside,
+        )
 
     def _delete(self, key: str) -> None:
         if self._cache is None:
@@ -693,12 +754,17 @@ class Spool:
             self._unreleased[key] = None  # retried once the disk takes writes again
             self._disk_failed("delete", exc)
 
-    def _quarantine_key(self, key: Any, why: str) -> None:
-        data = self._read(key) if isinstance(key, str) else None
+    def _quarantine_key(self, key: Any, why: str, data: bytes | Refused | None = None) -> None:
+        if data is None and isinstance(key, str):
+            data = self._read(key)
+        if isinstance(data, Refused):
+            self._reject(data.reason)
+            why = f"{why} (stored as {data.reason}; never read)"
+            data = data.data
         self._delete(key)
         if data is not None:
-            self._save_aside(str(key), data)
-        log.warning("spool entry %r: %s; moved aside", key, why)
+            self._save_aside(str(key) if isinstance(key, str) else "key-" + key.blob.hex()[:32], data)
+        log.warning("spool entry %s: %s; moved aside", key if isinstance(key, ForeignKey) else repr(key), why)
 
     def _save_aside(self, name: str, data: bytes) -> None:
         folder = os.path.join(self.directory, "corrupt")
@@ -719,13 +785,13 @@ class Spool:
         with contextlib.suppress(Exception):
             self._cache.close()
         self._cache = None
-        aside = os.path.join(self.directory, "corrupt", f"db-{int(self._clock() * 1000)}")
+        aside = os.path.join(self.directory, "corrupt", f"db-{int(time.time() * 1000)}")
         try:
             os.makedirs(aside, exist_ok=True)
             for name in os.listdir(self.directory):
                 if name.startswith("cache.db"):
                     os.replace(os.path.join(self.directory, name), os.path.join(aside, name))
-            self._cache = diskcache.Cache(self.directory, disk=_Disk, **_SETTINGS)
+            self._cache = diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
         except _DISK_ERRORS as again:
             log.error("spool: cannot replace the corrupt database in %s: %s", self.directory, again)
             self._cache = None

@@ -13,7 +13,7 @@ import sys
 import time
 import uuid
 from collections.abc import Iterator, Sequence
-from datetime import UTC, datetime
+from datetime import datetime, timezone
 from types import FrameType
 from typing import Any, TextIO, cast
 
@@ -80,7 +80,7 @@ def _series_name(key: str, values: tuple[str, ...]) -> str:
 def lines(batch: Batch) -> Iterator[dict[str, Any]]:
     """The JSON objects ``tail`` prints for one batch."""
     for sample in batch.samples:
-        when = datetime.fromtimestamp(sample.timestamp, UTC).isoformat(timespec="milliseconds")
+        when = datetime.fromtimestamp(sample.timestamp, timezone.utc).isoformat(timespec="milliseconds")
         for dev in sample.devices:
             yield {
                 "node": batch.node,

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gpu_exporter.limits import bound_value
+
 __all__ = ["PodRef"]
 
 
@@ -16,4 +18,9 @@ class PodRef:
     container: str = ""
 
     def labels(self) -> tuple[tuple[str, str], ...]:
-        return (("namespace", self.namespace), ("pod", self.pod), ("container", self.container))
+        """Label pairs, each value bounded as every label value the agent serves (``limits.py``)."""
+        return (
+            ("namespace", bound_value(self.namespace)),
+            ("pod", bound_value(self.pod)),
+            ("container", bound_value(self.container)),
+        )

@@ -9,9 +9,13 @@
   ones past their deadline however slowly they trickle bytes.
 - The listen backlog is 128. A request that announces a body gets its answer and the connection is
   closed, so that the body is never read as a further request.
-- TLS, basic auth and extra headers come from the web config (``webconfig.py``) and can be replaced
-  while serving (``set_web``). /healthz and /readyz stay open without credentials, for probes: under
-  RequireAndVerifyClientCert too, where every other path answers 403 without a client certificate.
+- TLS, basic auth, extra headers and the rate limit come from the web config (``webconfig.py``) and can be
+  replaced while serving (``set_web``). /healthz and /readyz stay open without credentials and outside the
+  rate limit, for probes: under RequireAndVerifyClientCert too, where every other path answers 403
+  without a client certificate.
+- Password checks run on a small bounded pool (``authpool.py``): a connection whose check waits there is
+  closed to make room like one waiting for its request (after those), and a check the full queue cannot
+  take is answered 429 at once. Remembered pairs (right or recently wrong) never wait (``auth.py``).
 """
 
 from __future__ import annotations
@@ -30,6 +34,9 @@ from typing import Any
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from gpu_exporter.web.auth import AuthState, BasicAuth, Verdict
+from gpu_exporter.web.authpool import Job
+from gpu_exporter.web.ratelimit import RateLimiter
 from gpu_exporter.web.webconfig import WebConfig
 
 __all__ = ["Limits", "Site", "WebServer", "accepts_gzip", "parse_listen"]
@@ -37,6 +44,7 @@ __all__ = ["Limits", "Site", "WebServer", "accepts_gzip", "parse_listen"]
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = frozenset({"/healthz", "/readyz"})
+_BUSY_AUTH = {"Retry-After": "1"}
 _BUSY = b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain\r\nContent-Length: 5\r\nConnection: close\r\n\r\nbusy\n"
 
 
@@ -56,6 +64,8 @@ class Site:
     ready: Callable[[], tuple[bool, str]]
     title: str = "gpu-exporter"
     content_type: str = "text/plain; version=0.0.4; charset=utf-8"
+    # Accept header -> (page, content type): another format for the clients that ask (OpenMetrics)
+    negotiate: Callable[[str | None], tuple[Callable[[bool], bytes], str]] | None = None
 
 
 def accepts_gzip(header: str | None) -> bool:
@@ -89,12 +99,18 @@ def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:
 
 
 class _Conn:
-    __slots__ = ("deadline", "sock", "waiting")
+    __slots__ = ("deadline", "job", "refused", "since", "sock", "waiting")
 
-    def __init__(self, sock: socket.socket, deadline: float) -> None:
+    def __init__(self, sock: socket.socket, deadline: float, since: float) -> None:
         self.sock = sock
         self.deadline = deadline
         self.waiting = True  # waiting for (the rest of) a request; False while one is answered
+        self.since = since  # when it began waiting
+        self.refused = False  # its last answer refused it (401, 403, 429): first to go for a newcomer
+        self.job: Job | None = None  # its password check, while that waits in the pool
+
+    def set_job(self, job: Job | None) -> None:
+        self.job = job
 
     def kill(self) -> None:
         try:
@@ -127,8 +143,14 @@ class _Handler(BaseHTTPRequestHandler):
         super().handle_one_request()
         conn = self.server.conn_of(self.request)
         if conn is not None:
-            conn.deadline = time.monotonic() + self.server.limits.idle_timeout
+            now = time.monotonic()
+            conn.deadline = now + self.server.limits.idle_timeout
+            conn.since = now
             conn.waiting = True
+
+    def version_string(self) -> str:
+        """The Server header: the product only, no version of it or of Python."""
+        return "gpu-exporter"
 
     def do_GET(self) -> None:
         path = self.path.split("?", 1)[0]
@@ -139,14 +161,15 @@ class _Handler(BaseHTTPRequestHandler):
             srv.stats.auth_failures += 1
             self._send(403, b"client certificate required\n")
             return
-        if path not in OPEN_PATHS and srv.auth and not srv.auth.check(self.headers.get("Authorization")):
-            srv.stats.auth_failures += 1
-            self._send(401, b"unauthorized\n", {"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
+        if path not in OPEN_PATHS and not self._admitted(srv):
             return
         if path == site.telemetry_path:
             accept = accepts_gzip(self.headers.get("Accept-Encoding"))
-            body = site.page(accept)
-            headers = {"Content-Type": site.content_type, "Vary": "Accept-Encoding"}
+            page, content_type = site.page, site.content_type
+            if site.negotiate is not None:
+                page, content_type = site.negotiate(self.headers.get("Accept"))
+            body = page(accept)
+            headers = {"Content-Type": content_type, "Vary": "Accept, Accept-Encoding"}
             if accept:
                 headers["Content-Encoding"] = "gzip"
             self._send(200, body, headers)
@@ -168,12 +191,44 @@ class _Handler(BaseHTTPRequestHandler):
 
     do_HEAD = do_GET
 
+    def _admitted(self, srv: WebServer) -> bool:
+        """The rate limit and basic auth; False once the refusal is answered (or the connection is gone)."""
+        limiter = srv.limiter
+        if limiter is not None and not limiter.allow():
+            srv.stats.rate_limited += 1
+            self._send(429, b"too many requests\n", _BUSY_AUTH)
+            return False
+        auth = srv.auth
+        if not auth:
+            return True
+        conn = srv.conn_of(self.request)
+        verdict = auth.check(
+            self.headers.get("Authorization"),
+            conn.set_job if conn is not None else None,
+            srv.limits.read_timeout,
+            conn is not None and conn.refused,
+        )
+        if verdict is Verdict.OK:
+            return True
+        if verdict is Verdict.BUSY:
+            srv.stats.auth_busy += 1
+            self._send(429, b"too many password checks; try again\n", _BUSY_AUTH)
+        elif verdict is Verdict.GONE:
+            self.close_connection = True  # closed to make room while its check waited
+        else:
+            srv.stats.auth_failures += 1
+            self._send(401, b"unauthorized\n", {"WWW-Authenticate": 'Basic realm="gpu-exporter"'})
+        return False
+
     def _peer_cert(self) -> bool:
         """Whether the client presented a certificate (verified in the handshake against client_ca_file)."""
         getpeercert = getattr(self.connection, "getpeercert", None)
         return bool(getpeercert is not None and getpeercert())
 
     def _send(self, code: int, body: bytes, headers: dict[str, str] | None = None) -> None:
+        conn = self.server.conn_of(self.request)
+        if conn is not None:
+            conn.refused = code in (401, 403, 429)
         self.send_response(code)
         for key, value in self.server.extra_headers:
             self.send_header(key, value)
@@ -200,6 +255,9 @@ class Stats:
         self.timeouts = 0  # request not in within the read timeout, or idle past the idle timeout
         self.tls_failures = 0
         self.auth_failures = 0
+        self.auth_busy = 0  # a password check found the pool's queue full: 429
+        self.auth_evicted = 0  # closed to make room while its password check waited
+        self.rate_limited = 0  # refused by rate_limit: 429
 
 
 class WebServer(ThreadingMixIn, HTTPServer):
@@ -217,13 +275,20 @@ class WebServer(ThreadingMixIn, HTTPServer):
         self._conns: dict[int, _Conn] = {}
         self._lock = threading.Lock()
         self._thread: threading.Thread | None = None
+        self.auth_state = AuthState()  # remembered checks and the check pool outlive reloads
+        self.limiter: RateLimiter | None = None
         self.set_web(web or WebConfig())
         super().__init__((host, port), _Handler)
 
     def set_web(self, web: WebConfig) -> None:
-        """Serve with this TLS, auth and headers from now on (open connections keep theirs)."""
+        """Serve with this TLS, auth, headers and rate limit from now on (open connections keep theirs)."""
         tls = web.tls_state()
-        self.web, self.tls, self.auth, self.extra_headers = web, tls, web.auth(), web.headers
+        limiter = self.limiter
+        if limiter is None or (limiter.interval, limiter.burst) != (web.rate_interval, web.rate_burst):
+            limiter = web.limiter()  # a new bucket only when the setting changed
+        self.web, self.tls, self.extra_headers = web, tls, web.headers
+        self.auth = BasicAuth(web.users, self.auth_state)
+        self.limiter = limiter
 
     @property
     def port(self) -> int:
@@ -242,24 +307,40 @@ class WebServer(ThreadingMixIn, HTTPServer):
         with self._lock:
             refuse = False
             if len(self._conns) >= self.limits.max_connections:
-                waiting = [c for c in self._conns.values() if c.waiting]
-                if waiting:  # make room: the one waiting longest for its request goes
-                    victim = min(waiting, key=lambda c: c.deadline)
+                victim = self._victim()
+                if victim is not None:  # make room
                     victim.waiting = False
+                    job, victim.job = victim.job, None
+                    if job is not None:
+                        job.cancel()
+                        self.stats.auth_evicted += 1
                     victim.kill()
                     self._conns.pop(id(victim.sock), None)
                     self.stats.evicted += 1
-                else:  # every slot is answering a request
+                else:  # every slot is answering a request (or checking its password right now)
                     refuse = True
                     self.stats.rejected += 1
             if not refuse:
-                self._conns[id(request)] = _Conn(request, now + self.limits.read_timeout)
+                self._conns[id(request)] = _Conn(request, now + self.limits.read_timeout, now)
                 self.stats.accepted += 1
         if refuse:
             self._refuse(request)  # outside the lock: shutdown_request takes it
             return
         thread = threading.Thread(target=self.process_request_thread, args=(request, client_address), daemon=True)
         thread.start()
+
+    def _victim(self) -> _Conn | None:
+        """The connection to close for a newcomer (under the lock): of those waiting for a request, one
+        whose last answer refused it, else the one waiting longest; else, of those whose password check
+        waits in the pool, the one that ranks lowest. A flood's connections go before a scraper's new one
+        (whose request may simply not be read yet on a busy machine)."""
+        waiting = [c for c in self._conns.values() if c.waiting]
+        if waiting:
+            return min(waiting, key=lambda c: (not c.refused, c.since))
+        queued = [c for c in self._conns.values() if c.job is not None and c.job.pending]
+        if queued:
+            return max(queued, key=lambda c: c.job.order if c.job is not None else (0, 0.0, 0))
+        return None
 
     def _refuse(self, request: socket.socket) -> None:
         try:
@@ -288,6 +369,10 @@ class WebServer(ThreadingMixIn, HTTPServer):
                 self._conns[id(wrapped)] = conn
         try:
             wrapped.do_handshake()
+            if not tls.files.allows(wrapped.getpeercert()):
+                self.stats.tls_failures += 1
+                log.debug("http: the client certificate of %s carries none of client_allowed_sans", client_address)
+                return
             self.RequestHandlerClass(wrapped, client_address, self)  # type: ignore[arg-type]
         except (OSError, ssl.SSLError) as exc:
             if isinstance(exc, (ssl.SSLError, TimeoutError)):
@@ -332,6 +417,7 @@ class WebServer(ThreadingMixIn, HTTPServer):
             self._thread.join(timeout=5.0)
             self._thread = None
         self.server_close()
+        self.auth_state.pool.stop()
         with self._lock:
             for conn in self._conns.values():
                 conn.kill()
@@ -374,3 +460,33 @@ class ServerCollector:
         yield CounterMetricFamily(
             f"{p}_http_auth_failures", "Requests refused for missing or wrong credentials.", value=s.auth_failures
         )
+        auth = server.auth_state
+        yield CounterMetricFamily(
+            f"{p}_http_password_checks", "bcrypt checks run (pairs not remembered).", value=auth.pool.checks
+        )
+        yield GaugeMetricFamily(
+            f"{p}_http_password_checks_queued", "Password checks waiting for the check pool.", value=auth.pool.queued()
+        )
+        remembered = CounterMetricFamily(
+            f"{p}_http_password_checks_remembered",
+            "Requests answered from a remembered check, without bcrypt: ok (a pair that passed), failed (a pair "
+            "that failed within the last 5 minutes).",
+            labels=["result"],
+        )
+        remembered.add_metric(["ok"], auth.remembered_good)
+        remembered.add_metric(["failed"], auth.remembered_bad)
+        yield remembered
+        yield CounterMetricFamily(
+            f"{p}_http_password_checks_evicted",
+            "Connections closed to make room for a newcomer while their password check waited.",
+            value=s.auth_evicted,
+        )
+        refused = CounterMetricFamily(
+            f"{p}_http_requests_refused",
+            "Requests answered 429: rate_limit (the web config's rate_limit), password_checks (the check "
+            "pool's queue was full of older checks).",
+            labels=["reason"],
+        )
+        refused.add_metric(["rate_limit"], s.rate_limited)
+        refused.add_metric(["password_checks"], s.auth_busy)
+        yield refused
