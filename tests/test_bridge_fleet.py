@@ -12,10 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.bridge import columns
+from gpu_exporter.bridge.convert import Converter
+from gpu_exporter.forward.batch import Batch, encode
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
 
 from .bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch
 from .tcp_proxy import TcpProxy
+from .test_forward_summary import decode_labels
 from .tsdb import MosquittoServer, VictoriaMetricsServer, victoria_fixture, wait_until
 
 victoria = victoria_fixture()
@@ -162,3 +166,53 @@ def test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token(
         finally:
             pub.close()
             bridge.stop()
+
+
+def test_labels_composed_from_shared_recipes_are_exactly_the_series_labels_even_with_percent_signs() -> None:
+    """An entry is composed with bytes formatting (recipe % device fields): a '%' in a label value, or a
+    field of 37 bytes (0x25 is '%'), must come out as it went in."""
+    odd = ("7%b9", "%" * 37, "x" * 35)
+    batch = make_batch("edge-%d", "boot", [1, 2], time.time() - 60, gpus=2)
+    doc = Batch(
+        batch.node,
+        batch.boot,
+        tuple(
+            Sample(
+                s.seq,
+                s.timestamp,
+                tuple(
+                    DeviceSample(
+                        DeviceId(d.device.gpu, f"GPU-%{d.device.gpu}" + "u" * 30),
+                        d.up,
+                        {**d.values, **{("xid_errors", (v,)): 1.0 for v in odd}},
+                        d.info,
+                    )
+                    for d in s.devices
+                ),
+            )
+            for s in batch.samples
+        ),
+    )
+    converter = Converter()
+    for _ in range(2):  # the first batch makes the shared plan, the second reuses it
+        got = {
+            tuple(decode_labels(s.encoded_labels))
+            for s in converter.convert([(columns.read(encode(doc)), None)]).series
+        }
+    want = {
+        tuple(
+            sorted(
+                {
+                    "__name__": "gpu_xid_errors_total",
+                    "node": "edge-%d",
+                    "gpu": str(g),
+                    "uuid": f"GPU-%{g}" + "u" * 30,
+                    "xid": v,
+                }.items()
+            )
+        )
+        for g in range(2)
+        for v in odd
+    }
+    assert want <= got
+    assert all(dict(labels)["node"] == "edge-%d" for labels in got)

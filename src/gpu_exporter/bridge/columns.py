@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import operator
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -168,12 +169,11 @@ def from_document(doc: Any) -> ColumnBatch:
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded, nonfinite, rising = _columns(where, cols, n, header.version, counters)
+        decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
-        gaps = any(None in col for col in decoded if col is not None)
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
     _check_encodable(batch)
@@ -202,9 +202,10 @@ _NUMBER = {int, float}
 
 def _columns(
     where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset()
-) -> tuple[list[list[float | None] | None], bool, bool]:
-    """Every column of one device, whether one may hold NaN or ±Inf, and whether every column at a
-    position of ``counters`` is known not to go down. Plain integer-delta columns and finite constants
+) -> tuple[list[list[float | None] | None], bool, bool, bool]:
+    """Every column of one device, whether one may hold NaN or ±Inf, whether every column at a
+    position of ``counters`` is known not to go down, and whether a column holds a null (only the
+    codec's own ``_column`` can make one). Plain integer-delta columns and finite constants
     (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
     values, a reference, a non-finite constant) goes through the codec's own ``_column``, in order,
     after them."""
@@ -213,22 +214,27 @@ def _columns(
     done = set()
     plain: set[int] = set()  # plain-value columns decoded here
     has_step = codec._HAS_STEP
+    v3 = version >= 3
+    plain_len, stepped_len = n + 1, n + 2
     for j, col in enumerate(cols):
         kind = type(col)
-        if kind is list and version >= 3:  # [form, (step), deltas...]
-            form = col[0] if col else None
+        if kind is list and v3:  # [form, (step), deltas...]
+            if not col:
+                continue
+            form = col[0]
             if type(form) is not int or not 0 <= form < 2 * has_step:
                 continue
-            stepped = form >= has_step
-            if len(col) != n + 1 + stepped:
+            if form < has_step:
+                if len(col) == plain_len:
+                    fast.append((j, col[1:], form % 10, 1, 1 + form // 10))
                 continue
-            step = col[1] if stepped else 1
+            step = col[1] if len(col) == stepped_len else None
             if type(step) is not int or not 1 <= step < _SAFE:
                 continue
-            form %= has_step
-            fast.append((j, col[1 + stepped :], form % 10, step, 1 + form // 10))
+            form -= has_step
+            fast.append((j, col[2:], form % 10, step, 1 + form // 10))
             continue
-        if (kind is int or kind is float) and version >= 3:  # a constant
+        if (kind is int or kind is float) and v3:  # a constant
             value = float(col)
             if math.isfinite(value):
                 out[j] = [value] * n
@@ -283,20 +289,27 @@ def _columns(
     for j, deltas, scale, step, order in fast:
         if order == 2:
             deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
-        if rising and j in counters and n > 1:  # a step of at least 1: the values go as the deltas
+        if rising and n > 1 and j in counters:  # a step of at least 1: the values go as the deltas
             rising = min(itertools.islice(deltas, 1, None)) >= 0
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
         else:
             out[j] = list(map(float, totals))
-        done.add(j)
-    nonfinite = False
-    for j, col in enumerate(cols):
-        if j not in done and col is not None:  # a reference names an earlier column: decoded by now
-            values = out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
-            nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
-            rising = rising and j not in counters
-        elif rising and j in counters and j in plain:
-            rising = all(map(operator.le, col["values"], itertools.islice(col["values"], 1, None)))
-    return out, nonfinite, rising
+    done.update([f[0] for f in fast])
+    nonfinite = gaps = False
+    # the columns left, in order (a reference names an earlier column: decoded by then)
+    left: Iterable[int] = ()
+    if len(done) < len(cols):
+        present = itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None)))
+        left = sorted(set(present) - done)
+    for j in left:
+        values = out[j] = codec._column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
+        nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
+        gaps = gaps or None in values
+        rising = rising and j not in counters
+    if rising and plain:
+        for j in sorted(plain & counters):
+            values = cols[j]["values"]
+            rising = rising and all(map(operator.le, values, itertools.islice(values, 1, None)))
+    return out, nonfinite, rising, gaps

@@ -19,8 +19,9 @@ import dataclasses
 import itertools
 import operator
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.bridge import labels
@@ -72,10 +73,12 @@ class _Plan:
     """The recipes of one metrics list for devices with one set of label names, shared by all of them,
     and where its counters are."""
 
-    __slots__ = ("counter_keys", "counter_positions", "recipes", "unknown")
+    __slots__ = ("counter_keys", "counter_positions", "formats", "recipes", "unknown")
 
     def __init__(self, metrics: tuple[SeriesKey, ...], recipes: list[_Recipe | None], absent: tuple[bool, ...]) -> None:
         self.recipes = recipes
+        # each recipe as a bytes format and the getter of its runs: an entry is ``fmt % get(runs)``
+        self.formats = [None if r is None else _format(r) for r in recipes]
         self.unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
         positions = [j for j, (m, r) in enumerate(zip(metrics, recipes, strict=True)) if r and m[0] in COUNTER_KEYS]
         self.counter_positions = positions
@@ -99,6 +102,14 @@ class _Entries:
         else:
             self.counter_positions = plan.counter_positions
             self.counter_keys = plan.counter_keys
+
+
+def _format(recipe: _Recipe) -> tuple[bytes, Callable[[list[bytes]], Any]]:
+    fmt = b"".join(b"%b" if p.__class__ is int else p.replace(b"%", b"%%") for p in recipe)  # type: ignore[union-attr]
+    slots = [p for p in recipe if p.__class__ is int]
+    if not slots:
+        return fmt, lambda runs: ()
+    return fmt, operator.itemgetter(*slots)  # one slot: the run itself, which % takes alone
 
 
 def _field(name: str, value: str) -> bytes:
@@ -266,10 +277,7 @@ class Converter:
         if fresh:
             plan = self._plan(cache, metrics, absent)
         assert plan is not None
-        entries = [
-            None if r is None else b"".join([runs[p] if p.__class__ is int else p for p in r])  # type: ignore[misc]
-            for r in plan.recipes
-        ]
+        entries = [None if f is None else f[0] % f[1](runs) for f in plan.formats]
         if fresh:
             allowed = [e is None or bool(self._admit(node, e, cache)) for e in entries]
             if len(metrics) <= PLAN_LIMIT:

@@ -96,6 +96,8 @@ class WriteEncoder:
         self._labels: dict[LabelSet, bytes] = {}
         self._label_cache_size = label_cache_size
         self._structs: dict[int, struct.Struct] = {}
+        # the bytes around a sample's double, by timestamp: a fleet's writes repeat recent timestamps
+        self._around: dict[int, tuple[bytes, bytes]] = {}
 
     def _label_block(self, labels: LabelSet) -> bytes:
         block = self._labels.get(labels)
@@ -110,7 +112,9 @@ class WriteEncoder:
         # One sample is: 0x12 <len> 0x09 <8-byte double> 0x10 <varint ms>. Everything but the double
         # depends on the timestamp only, so the bytes around each double are built once per timestamp,
         # and series that share one timestamp list (all series of a batch) share one packing plan.
-        around: dict[int, tuple[bytes, bytes]] = {}
+        around = self._around
+        if len(around) > 100_000:
+            around.clear()
         plans: dict[int, tuple[list[Sequence[int]], struct.Struct, list[object]]] = {}
         out: list[bytes] = []
         for s in series:
@@ -154,7 +158,7 @@ def split_by_samples(series: Sequence[Series], max_samples: int) -> list[list[Se
     chunk: list[Series] = []
     size = 0
     for s in series:
-        n = len(s)
+        n = len(s.timestamps)
         if not n:
             continue
         if n > max_samples:
