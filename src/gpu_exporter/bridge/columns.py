@@ -19,7 +19,7 @@ import itertools
 import json
 import math
 import operator
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +62,7 @@ class ColumnBatch:
     boot: str
     seqs: list[int]
     times_ms: list[int]
-    metrics: list[SeriesKey]
+    metrics: Sequence[SeriesKey]
     devices: list[ColumnDevice]
     summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
@@ -143,8 +143,7 @@ def from_document(doc: Any) -> ColumnBatch:
     header = c._header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
-    metrics = c._metrics(doc["metrics"], bool(header.summary_ms))
-    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
+    metrics, counters = _metrics(doc["metrics"], bool(header.summary_ms))
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise c.PayloadError("devices must be an array")
@@ -163,9 +162,10 @@ def from_document(doc: Any) -> ColumnBatch:
         up = raw["up"]
         if not isinstance(up, list) or len(up) != n:
             raise c.PayloadError(f"{where}.up must be an array of {n} entries")
-        for v in up:
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
-                raise c.PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
+        if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):
+            for v in up:
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
+                    raise c.PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
@@ -178,6 +178,29 @@ def from_document(doc: Any) -> ColumnBatch:
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms)
     _check_encodable(batch)
     return batch
+
+
+_UP_TYPES = {int, type(None)}
+_UP_VALUES = {0, 1, None}
+# The metrics lists checked last (a fleet sends a few layouts, each in every message): a list equal to one
+# of them (a comparison in C) is not checked again, and yields the same tuple, which the converter then
+# finds its plan by without hashing it.
+_LAYOUTS: list[tuple[bool, list[Any], tuple[SeriesKey, ...], frozenset[int]]] = []
+_MAX_LAYOUTS = 8
+
+
+def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[int]]:
+    """The codec's check of a batch's metrics list, and the positions of counters in it."""
+    for i, (was_summary, was, metrics, counters) in enumerate(_LAYOUTS):
+        if was_summary == summary and was == raw:
+            if i:
+                _LAYOUTS.insert(0, _LAYOUTS.pop(i))
+            return metrics, counters
+    metrics = tuple(codec._metrics(raw, summary))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
+    _LAYOUTS.insert(0, (summary, raw, metrics, counters))
+    del _LAYOUTS[_MAX_LAYOUTS:]
+    return metrics, counters
 
 
 def _check_encodable(batch: ColumnBatch) -> None:

@@ -117,29 +117,36 @@ class WriteEncoder:
             around.clear()
         plans: dict[int, tuple[list[Sequence[int]], struct.Struct, list[object]]] = {}
         out: list[bytes] = []
+        last = -1
+        template: list[object] = []
+        pack = struct.Struct("<").pack
+        packed = 0
         for s in series:
-            if not s.timestamps:
+            stamps = s.timestamps
+            if not stamps:
                 continue
-            plan = plans.get(id(s.timestamps))
-            if plan is None:
-                template: list[object] = []
-                fmt = ["<"]
-                for ts in s.timestamps:
-                    pair = around.get(ts)
-                    if pair is None:
-                        tail = b"\x10" + encode_varint(ts)
-                        head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
-                        pair = around[ts] = (head, tail)
-                    template += (pair[0], 0.0, pair[1])
-                    fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
-                # The list itself is kept in the plan so that its id cannot be reused meanwhile.
-                plan = plans[id(s.timestamps)] = ([s.timestamps], struct.Struct("".join(fmt)), template)
-            args = plan[2].copy()
+            if id(stamps) != last:  # the series of one batch come one after another, sharing their stamps
+                last = id(stamps)
+                plan = plans.get(last)
+                if plan is None:
+                    template = []
+                    fmt = ["<"]
+                    for ts in stamps:
+                        pair = around.get(ts)
+                        if pair is None:
+                            tail = b"\x10" + encode_varint(ts)
+                            head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
+                            pair = around[ts] = (head, tail)
+                        template += (pair[0], 0.0, pair[1])
+                        fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
+                    # The list itself is kept in the plan so that its id cannot be reused meanwhile.
+                    plan = plans[last] = ([stamps], struct.Struct("".join(fmt)), template)
+                template, pack, packed = plan[2], plan[1].pack, plan[1].size
+            args = template.copy()
             args[1::3] = s.values
-            body = (s.encoded_labels or self._label_block(s.labels)) + plan[1].pack(*args)
-            size = len(body)
-            out.append(_TS_HEAD[size] if size < 16384 else b"\x0a" + encode_varint(size))
-            out.append(body)
+            labels = s.encoded_labels or self._label_block(s.labels)
+            size = len(labels) + packed
+            out += (_TS_HEAD[size] if size < 16384 else b"\x0a" + encode_varint(size), labels, pack(*args))
         return b"".join(out)
 
 
