@@ -5,11 +5,13 @@ simulated library), rounds the values (``forward.service.round_values``) and, wh
 encodes its samples (``forward.batch.encode``: JSON, zlib level 9 with the payload's dictionary). Done
 for every node, that costs about 130 ms of CPU per 24-sample batch: 5,000 nodes would need a core of
 their own. So the bench reads the simulator once per *template* (a window of consecutive samples of one
-simulated node, several seeds and times) and gives every message of every node a template whose
-document (``batch.to_document``) it then patches with what is the node's own: node name, boot id,
-sequence numbers, timestamps (now, spaced like the node's interval, with a few ms of jitter), GPU UUIDs
-and serials. The values a node sends change from batch to batch and differ between neighbours, as a
-fleet's do; the serialisation and compression are the agent's, per message.
+simulated node; the templates are consecutive windows of one simulated run) and gives every message of
+every node a template whose document (``batch.to_document``) it then patches with what is the node's
+own: node name, boot id, sequence numbers, timestamps (now, spaced like the node's interval, with a few
+ms of jitter), GPU UUIDs and serials. A node's batches take consecutive templates from a start of its
+own, so its values change from batch to batch, its counters rise as a real node's do (the bridge drops
+a counter that goes backwards), and neighbours differ; the serialisation and compression are the
+agent's, per message. Past ``count - 16`` batches of one node a counter would go back once.
 
 ``Templates.samples`` gives the ``Sample`` objects a message stands for, so that
 tests/test_bench_fleet_wire.py can check that the payload equals the agent's own ``encode`` of them.
@@ -84,20 +86,20 @@ class Templates:
     move as a real node's do between two samples.
     """
 
-    def __init__(self, gpus: int = 8, per_batch: int = 24, spacing: float = 5.0, count: int = 16) -> None:
+    def __init__(self, gpus: int = 8, per_batch: int = 24, spacing: float = 5.0, count: int = 64) -> None:
         self.gpus = gpus
         self.per_batch = per_batch
         config = cfg.replace(cfg.Config(), gpu_vendor="fake", fake_gpus=gpus)
         keys = catalog.kept_keys(config.metrics_include, config.metrics_exclude)
         self._templates: list[_Template] = []
-        for t in range(count):
-            now = [1_700_000_000.0 + 3600.0 * t]
-            sim = SimNvml(gpus=gpus, seed=t, clock=lambda now=now: now[0])
-            backend = NvmlBackend(config, nvml=sim)
-            backend.open()
-            backend.name = "fake"
-            backend.read()  # a running agent's first read is long past: GPM ratios need a previous sample
-            now[0] += SAMPLE_INTERVAL
+        now = [1_700_000_000.0]
+        sim = SimNvml(gpus=gpus, seed=0, clock=lambda: now[0])
+        backend = NvmlBackend(config, nvml=sim)
+        backend.open()
+        backend.name = "fake"
+        backend.read()  # a running agent's first read is long past: GPM ratios need a previous sample
+        now[0] += SAMPLE_INTERVAL
+        for t in range(count):  # consecutive windows of one run: counters rise from one to the next
             samples = []
             offsets = []
             for i in range(per_batch):
@@ -106,15 +108,16 @@ class Templates:
                 # the sampler's schedule is drift-free; its timestamps jitter by a few milliseconds
                 offsets.append(round(i * spacing * 1000) + (7 * t + 3 * i * i) % 9)
                 now[0] += SAMPLE_INTERVAL
-            backend.close()
             self._templates.append(_Template(samples, offsets))
+        backend.close()
 
     @property
     def span_ms(self) -> int:
         return max(t.offsets_ms[-1] for t in self._templates)
 
     def _pick(self, node: int, first_seq: int) -> _Template:
-        return self._templates[(node * 7 + first_seq // self.per_batch) % len(self._templates)]
+        start = (node * 7) % 16
+        return self._templates[(start + (first_seq - 1) // self.per_batch) % len(self._templates)]
 
     def message(self, node: int, name: str, boot: str, first_seq: int, last_ms: int) -> Message:
         """The batch of ``node`` holding ``per_batch`` samples from ``first_seq``, the newest taken at ``last_ms``."""
