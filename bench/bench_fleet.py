@@ -335,6 +335,19 @@ async def steady(
         written = _sum(m1, "gpu_exporter_bridge_gpu_samples_written_total") - _sum(
             m0, "gpu_exporter_bridge_gpu_samples_written_total"
         )
+        rows = _sum(m1, "gpu_exporter_bridge_samples_written_total") - _sum(
+            m0, "gpu_exporter_bridge_samples_written_total"
+        )
+        msgs = _sum(m1, "gpu_exporter_bridge_messages_received_total") - _sum(
+            m0, "gpu_exporter_bridge_messages_received_total"
+        )
+        if scenario != "kill" and rows and msgs:  # what the broker and the TSDB cost, for sizing them
+            vm_cpu = stack.sampler.cpu_between("victoria", t0, t1)
+            mq_cpu = stack.sampler.cpu_between("mosquitto", t0, t1)
+            res.extra["TSDB and broker CPU"] = (
+                f"VictoriaMetrics {vm_cpu / rows * 1e6:.2f} CPU-s per million samples written; Mosquitto "
+                f"{mq_cpu / msgs * 1e3:.2f} CPU-s per 1,000 batch messages (with {nodes:,} connections)"
+            )
         if scenario != "kill":
             res.per_cpu = written / cpu if cpu else 0.0
             res.writes = _sum(m1, "gpu_exporter_bridge_write_requests_total") - _sum(
