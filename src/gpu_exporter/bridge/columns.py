@@ -303,7 +303,11 @@ def _columns(
         lists = [f[1] for f in fast]
         if not (
             set(map(type, itertools.chain.from_iterable(lists))) <= _INT
-            and max(map(operator.mul, map(max, map(map, itertools.repeat(abs), lists)), [f[3] for f in fast])) * n * n
+            and max(
+                map(operator.mul, map(max, map(max, lists), map(operator.neg, map(min, lists))), [f[3] for f in fast])
+            )
+            * n
+            * n
             < _SAFE
         ):
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
@@ -317,8 +321,8 @@ def _columns(
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
-        else:
-            out[j] = list(map(float, totals))
+        else:  # ints below 2**53: the same numbers as floats, written as doubles all the same
+            out[j] = list(totals)
     done.update([f[0] for f in fast])
     nonfinite = gaps = False
     # the columns left, in order (a reference names an earlier column: decoded by then)
