@@ -76,7 +76,7 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "columns-empty-array",
             "src/gpu_exporter/bridge/columns.py",
-            "            form = col[0] if col else None\n",
+            "            if not col:\n                continue\n            form = col[0]\n",
             "            form = col[0]\n",
             ("tests/test_bridge_columns.py", "tests/test_bridge_fuzz.py"),
             "an empty array column raises IndexError in the reader instead of a refusal",
@@ -278,6 +278,56 @@ MUTANTS: tuple[Mutant, ...] = (
             ("tests/test_bridge_replays.py::test_a_write_that_failed_does_not_count_its_samples_as_written",),
             "a message is marked as written before its remote write: after a failed write the one-by-one retry "
             "takes every sample for a replay (72 samples -> 0)",
+        ),
+        Mutant(
+            "bridge-linger-restarts",
+            "src/gpu_exporter/bridge/service.py",
+            "                msgs.append(self._queue.get(timeout=min(left, 0.2)))\n",
+            "                msgs.append(self._queue.get(timeout=min(left, 0.2)))\n"
+            "                deadline = time.monotonic() + self.settings.linger\n",
+            ("tests/test_bridge_fleet.py::test_a_steady_stream_is_written_every_linger_not_held_until_it_stops",),
+            "the linger starts again with each message: a steady stream is held until it pauses",
+        ),
+        Mutant(
+            "bridge-no-linger",
+            "src/gpu_exporter/bridge/service.py",
+            "        deadline = time.monotonic() + self.settings.linger\n",
+            "        deadline = time.monotonic()\n",
+            (
+                "tests/test_bridge_fleet.py::"
+                "test_messages_arriving_one_at_a_time_within_the_linger_are_written_together",
+            ),
+            "--bridge.write-linger ignored: one remote write per message of a fleet",
+        ),
+        Mutant(
+            "bridge-journal-not-read",
+            "src/gpu_exporter/bridge/service.py",
+            "        loaded = journal.load(self.dedup)\n",
+            "        loaded = 0\n",
+            (
+                "tests/test_bridge_fleet.py::"
+                "test_a_bridge_killed_before_its_acknowledgements_arrived_writes_nothing_twice_after_its_restart",
+            ),
+            "a restarted bridge forgets what it wrote: what its session delivers again is written twice",
+        ),
+        Mutant(
+            "bridge-token-per-coalesced-batch",
+            "src/gpu_exporter/bridge/service.py",
+            "        if batch.node in admitted or self._converter.knows(batch.node):\n",
+            "        if self._converter.knows(batch.node):\n",
+            ("tests/test_bridge_fleet.py::test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token",),
+            "each coalesced batch of a new node takes a new-name token: the rest of its batches are refused",
+        ),
+        Mutant(
+            "bridge-recipe-percent-unescaped",
+            "src/gpu_exporter/bridge/convert.py",
+            'p.replace(b"%", b"%%")',
+            "p",
+            (
+                "tests/test_bridge_fleet.py::"
+                "test_labels_composed_from_shared_recipes_are_exactly_the_series_labels_even_with_percent_signs",
+            ),
+            "a '%' in a label value (or a 37-byte field) breaks the composed labels",
         ),
         Mutant(
             "bridge-keeps-pre-1970",

@@ -85,6 +85,7 @@ class Config:
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
+    bridge_write_linger: float = 0.5
     bridge_max_payload: int = 4 * 1024 * 1024
     bridge_max_inflight_bytes: int = 64 * 1024 * 1024
     bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
@@ -94,6 +95,7 @@ class Config:
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
     bridge_clock_skew_policy: str = "correct"
+    bridge_state_dir: str = ""
     bridge_max_series_per_node: int = 10_000
     remote_write_url: str = ""
     remote_write_username: str = ""
@@ -606,6 +608,14 @@ OPTIONS: tuple[Option, ...] = (
         "N",
     ),
     Option(
+        "bridge.write-linger",
+        "bridge_write_linger",
+        _seconds_between(0, 60),
+        "bridge: how long the writer waits for more messages before a remote write, so that messages "
+        "arriving one at a time are written together; adds at most this much to the lag (0: no wait)",
+        "DURATION",
+    ),
+    Option(
         "bridge.max-inflight-bytes",
         "bridge_max_inflight_bytes",
         _size_between(64 * 1024, 1 << 34),
@@ -639,7 +649,7 @@ OPTIONS: tuple[Option, ...] = (
         "bridge.series-cache",
         "bridge_series_cache",
         _int_between(1, 100_000_000),
-        "bridge: series whose encoded labels are kept (about 370 bytes each with their bookkeeping; ~95 per GPU)",
+        "bridge: bound of the per-device bookkeeping, in units of ~300 bytes (a device is about 6)",
         "N",
     ),
     Option(
@@ -681,6 +691,14 @@ OPTIONS: tuple[Option, ...] = (
         "bridge: batches of a node whose clock is off by more than --bridge.max-clock-skew: move their "
         "timestamps by the measured offset, or refuse them (counted per node)",
         "POLICY",
+    ),
+    Option(
+        "bridge.state-dir",
+        "bridge_state_dir",
+        str,
+        "bridge: folder for the record of what it wrote, so that a restarted bridge does not write again "
+        "what the broker delivers again (an emptyDir in Kubernetes; empty: no record)",
+        "DIR",
     ),
     Option(
         "remote-write.url",

@@ -19,6 +19,7 @@ import itertools
 import json
 import math
 import operator
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -61,7 +62,7 @@ class ColumnBatch:
     boot: str
     seqs: list[int]
     times_ms: list[int]
-    metrics: list[SeriesKey]
+    metrics: Sequence[SeriesKey]
     devices: list[ColumnDevice]
     summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
@@ -143,8 +144,7 @@ def from_document(doc: Any) -> ColumnBatch:
     header = c._header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
-    metrics = c._metrics(doc["metrics"], bool(header.summary_ms))
-    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
+    metrics, counters = _metrics(doc["metrics"], bool(header.summary_ms))
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
         raise c.PayloadError("devices must be an array")
@@ -163,22 +163,45 @@ def from_document(doc: Any) -> ColumnBatch:
         up = raw["up"]
         if not isinstance(up, list) or len(up) != n:
             raise c.PayloadError(f"{where}.up must be an array of {n} entries")
-        for v in up:
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
-                raise c.PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
+        if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):
+            for v in up:
+                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
+                    raise c.PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
             raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
-        decoded, nonfinite, rising = _columns(where, cols, n, header.version, counters)
+        decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
-        gaps = any(None in col for col in decoded if col is not None)
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms, part=header.part)
     _check_encodable(batch)
     return batch
+
+
+_UP_TYPES = {int, type(None)}
+_UP_VALUES = {0, 1, None}
+# The metrics lists checked last (a fleet sends a few layouts, each in every message): a list equal to one
+# of them (a comparison in C) is not checked again, and yields the same tuple, which the converter then
+# finds its plan by without hashing it.
+_LAYOUTS: list[tuple[bool, list[Any], tuple[SeriesKey, ...], frozenset[int]]] = []
+_MAX_LAYOUTS = 8
+
+
+def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[int]]:
+    """The codec's check of a batch's metrics list, and the positions of counters in it."""
+    for i, (was_summary, was, metrics, counters) in enumerate(_LAYOUTS):
+        if was_summary == summary and was == raw:
+            if i:
+                _LAYOUTS.insert(0, _LAYOUTS.pop(i))
+            return metrics, counters
+    metrics = tuple(codec._metrics(raw, summary))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
+    _LAYOUTS.insert(0, (summary, raw, metrics, counters))
+    del _LAYOUTS[_MAX_LAYOUTS:]
+    return metrics, counters
 
 
 def _check_encodable(batch: ColumnBatch) -> None:
@@ -203,9 +226,10 @@ _NUMBER = {int, float}
 
 def _columns(
     where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset()
-) -> tuple[list[list[float | None] | None], bool, bool]:
-    """Every column of one device, whether one may hold NaN or ±Inf, and whether every column at a
-    position of ``counters`` is known not to go down. Plain integer-delta columns and finite constants
+) -> tuple[list[list[float | None] | None], bool, bool, bool]:
+    """Every column of one device, whether one may hold NaN or ±Inf, whether every column at a
+    position of ``counters`` is known not to go down, and whether a column holds a null (only the
+    codec's own ``_column`` can make one). Plain integer-delta columns and finite constants
     (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
     values, a reference, a non-finite constant) goes through the codec's own ``_column``, in order,
     after them."""
@@ -214,22 +238,27 @@ def _columns(
     done = set()
     plain: set[int] = set()  # plain-value columns decoded here
     has_step = codec._HAS_STEP
+    v3 = version >= 3
+    plain_len, stepped_len = n + 1, n + 2
     for j, col in enumerate(cols):
         kind = type(col)
-        if kind is list and version >= 3:  # [form, (step), deltas...]
-            form = col[0] if col else None
+        if kind is list and v3:  # [form, (step), deltas...]
+            if not col:
+                continue
+            form = col[0]
             if type(form) is not int or not 0 <= form < 2 * has_step:
                 continue
-            stepped = form >= has_step
-            if len(col) != n + 1 + stepped:
+            if form < has_step:
+                if len(col) == plain_len:
+                    fast.append((j, col[1:], form % 10, 1, 1 + form // 10))
                 continue
-            step = col[1] if stepped else 1
+            step = col[1] if len(col) == stepped_len else None
             if type(step) is not int or not 1 <= step < _SAFE:
                 continue
-            form %= has_step
-            fast.append((j, col[1 + stepped :], form % 10, step, 1 + form // 10))
+            form -= has_step
+            fast.append((j, col[2:], form % 10, step, 1 + form // 10))
             continue
-        if (kind is int or kind is float) and version >= 3:  # a constant
+        if (kind is int or kind is float) and v3:  # a constant
             value = float(col)
             if math.isfinite(value):
                 out[j] = [value] * n
@@ -275,7 +304,11 @@ def _columns(
         lists = [f[1] for f in fast]
         if not (
             set(map(type, itertools.chain.from_iterable(lists))) <= _INT
-            and max(map(operator.mul, map(max, map(map, itertools.repeat(abs), lists)), [f[3] for f in fast])) * n * n
+            and max(
+                map(operator.mul, map(max, map(max, lists), map(operator.neg, map(min, lists))), [f[3] for f in fast])
+            )
+            * n
+            * n
             < _SAFE
         ):
             fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
@@ -284,20 +317,27 @@ def _columns(
     for j, deltas, scale, step, order in fast:
         if order == 2:
             deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
-        if rising and j in counters and n > 1:  # a step of at least 1: the values go as the deltas
+        if rising and n > 1 and j in counters:  # a step of at least 1: the values go as the deltas
             rising = min(itertools.islice(deltas, 1, None)) >= 0
         totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
         if scale:
             out[j] = list(map(truediv, totals, repeat(10**scale)))
-        else:
-            out[j] = list(map(float, totals))
-        done.add(j)
-    nonfinite = False
-    for j, col in enumerate(cols):
-        if j not in done and col is not None:  # a reference names an earlier column: decoded by now
-            values = out[j] = codec._column(f"{where}.columns[{j}]", col, n, version, out[:j])
-            nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
-            rising = rising and j not in counters
-        elif rising and j in counters and j in plain:
-            rising = all(map(operator.le, col["values"], itertools.islice(col["values"], 1, None)))
-    return out, nonfinite, rising
+        else:  # ints below 2**53: the same numbers as floats, written as doubles all the same
+            out[j] = list(totals)
+    done.update([f[0] for f in fast])
+    nonfinite = gaps = False
+    # the columns left, in order (a reference names an earlier column: decoded by then)
+    left: Iterable[int] = ()
+    if len(done) < len(cols):
+        present = itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None)))
+        left = sorted(set(present) - done)
+    for j in left:
+        values = out[j] = codec._column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
+        nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
+        gaps = gaps or None in values
+        rising = rising and j not in counters
+    if rising and plain:
+        for j in sorted(plain & counters):
+            values = cols[j]["values"]
+            rising = rising and all(map(operator.le, values, itertools.islice(values, 1, None)))
+    return out, nonfinite, rising, gaps

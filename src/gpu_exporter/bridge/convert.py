@@ -6,9 +6,11 @@ series the node's /metrics page shows, plus ``node``. Each device present in a s
 ``gpu_up`` (1 or 0) and, when it has identity strings, ``gpu_info{...} 1``, as on the /metrics page
 (exposition.native_view).
 
-Label sets are cached: the same node, device and metric give the same tuple batch after batch. Series
-that have a value in every sample of a batch share one timestamp list, which lets the encoder pack
-them with one plan (see remote_write.WriteEncoder).
+A series' labels are composed per batch from a recipe shared by the whole fleet and the device's own
+label fields (``_Device``), not cached per series: memory per node stays small and the cost of a
+sample does not grow with the number of nodes. Series that have a value in every sample of a batch
+share one timestamp list, which lets the encoder pack them with one plan (see
+remote_write.WriteEncoder).
 """
 
 from __future__ import annotations
@@ -17,8 +19,9 @@ import dataclasses
 import itertools
 import operator
 import sys
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.bridge import labels
@@ -51,38 +54,92 @@ def _entry(labels: Iterable[tuple[str, str]]) -> bytes:
     return encode_labels(tuple(sorted(labels)))
 
 
-# A device's plan (the entry of each metric of a batch) is kept for the next batch only for a metrics list
-# up to this long (a device has some 90 series, a MIG node's with pods a few thousand): a longer one, a
-# node inventing series, would keep every series it named alive through the plan.
+# A plan (the recipe of each metric of a batch) is kept for the next batch only for a metrics list up to
+# this long (a device has some 90 series, a MIG node's with pods a few thousand): a longer one, a node
+# inventing series, would keep every series it named alive through the plan.
 PLAN_LIMIT = 4096
+# Bounds of what the fleet shares (a normal fleet uses ~100 recipes and a few plans of ~100 keys): a node
+# that floods series with new label values churns these caches, it cannot grow them.
+MAX_RECIPES = 20_000
+MAX_PLANS_KEYS = 200_000  # series keys in all shared plans together
+
+# A recipe: the Label fields of a series in order, each part either fixed bytes (the metric's labels) or
+# the index of a run of the device's own fields (``_Device.runs``).
+_Recipe = tuple[bytes | int, ...]
+_MISSING = object()
 
 
 class _Plan:
-    """The entries of one metrics list on one device, and where its written counters are."""
+    """The recipes of one metrics list for devices with one set of label names, shared by all of them,
+    and where its counters are."""
 
-    __slots__ = ("counter_keys", "counter_positions", "entries", "limited", "unknown")
+    __slots__ = ("counter_keys", "counter_positions", "formats", "recipes", "unknown")
 
-    def __init__(self, metrics: tuple[SeriesKey, ...], entries: list[_Entry | None], absent: tuple[bool, ...]) -> None:
-        self.entries = entries
-        self.unknown = {m[0] for m, e, a in zip(metrics, entries, absent, strict=True) if e is None and not a}
-        self.limited = entries.count(_LIMITED)  # entries its node may not create
-        positions = [j for j, (m, e) in enumerate(zip(metrics, entries, strict=True)) if e and m[0] in COUNTER_KEYS]
+    def __init__(self, metrics: tuple[SeriesKey, ...], recipes: list[_Recipe | None], absent: tuple[bool, ...]) -> None:
+        self.recipes = recipes
+        # each recipe as a bytes format and the getter of its runs: an entry is ``fmt % get(runs)``
+        self.formats = [None if r is None else _format(r) for r in recipes]
+        self.unknown = {m[0] for m, r, a in zip(metrics, recipes, absent, strict=True) if r is None and not a}
+        positions = [j for j, (m, r) in enumerate(zip(metrics, recipes, strict=True)) if r and m[0] in COUNTER_KEYS]
         self.counter_positions = positions
         self.counter_keys = tuple(metrics[j] for j in positions)
 
 
+class _Entries:
+    """One batch's entries on one device (composed from a plan), and where its written counters are."""
+
+    __slots__ = ("counter_keys", "counter_positions", "entries", "limited", "unknown")
+
+    def __init__(self, plan: _Plan, entries: list[_Entry | None], allowed: list[bool]) -> None:
+        self.entries = entries
+        self.unknown = plan.unknown
+        self.limited = allowed.count(False)  # entries its node may not create
+        if self.limited:
+            self.entries = [e if ok else _LIMITED for e, ok in zip(entries, allowed, strict=True)]
+            positions = [j for j in plan.counter_positions if allowed[j]]
+            self.counter_positions = positions
+            self.counter_keys = tuple(plan.counter_keys[i] for i, j in enumerate(plan.counter_positions) if allowed[j])
+        else:
+            self.counter_positions = plan.counter_positions
+            self.counter_keys = plan.counter_keys
+
+
+def _format(recipe: _Recipe) -> tuple[bytes, Callable[[list[bytes]], Any]]:
+    fmt = b"".join(b"%b" if p.__class__ is int else p.replace(b"%", b"%%") for p in recipe)  # type: ignore[union-attr]
+    slots = [p for p in recipe if p.__class__ is int]
+    if not slots:
+        return fmt, lambda runs: ()
+    return fmt, operator.itemgetter(*slots)  # one slot: the run itself, which % takes alone
+
+
+def _field(name: str, value: str) -> bytes:
+    return encode_labels(((name, value),))
+
+
 class _Device:
-    """What the converter remembers about one device of one node."""
+    """What the converter remembers about one device of one node: its own label fields, not its series.
 
-    __slots__ = ("counters", "info", "metrics", "plan", "series", "up", "why")
+    A series' encoded labels are the Label fields of all its labels sorted by name; those of the device
+    (``gpu``, ``uuid``, MIG labels) and the node are this device's own, the others (``__name__``,
+    constant and dynamic labels) the metric's, the same on every device. So an entry is composed per
+    batch from a recipe shared by the whole fleet (``Converter._recipe``) and this device's label fields
+    (``runs``): a join of a few byte strings, instead of a cache of ~370 bytes per series that a fleet
+    larger than the cache rebuilt for every message.
+    """
 
-    def __init__(self) -> None:
-        self.series: dict[SeriesKey, _Entry | None] = {}
+    __slots__ = ("allowed", "counters", "info", "metrics", "names", "plan", "runs", "up", "why")
+
+    def __init__(self, names: tuple[str, ...], fields: tuple[bytes, ...]) -> None:
+        self.names = names  # the device's label names and the node label, sorted
+        k = len(fields)
+        # runs[i * (k + 1) + j]: the Label fields of names[i:j] joined (what a recipe's slot refers to)
+        self.runs = [b"".join(fields[i:j]) for i in range(k + 1) for j in range(k + 1)]
         self.up: _Entry | None = None
         self.info: dict[tuple[tuple[str, str], ...], _Entry] = {}
         # the metrics list ``plan`` was made for, and which of its columns were absent
         self.metrics: tuple[tuple[SeriesKey, ...], tuple[bool, ...]] | None = None
         self.plan: _Plan | None = None
+        self.allowed: list[bool] = []  # per recipe of ``plan``: within the series limits
         self.why = "node"  # the series limit that refused the last series refused: "node" or "fleet"
         self.counters: Counters | None = None  # high marks of its counters (bridge/values.py)
 
@@ -118,6 +175,9 @@ class Converter:
         self._cache_size = cache_size
         self._devices: dict[tuple[str, DeviceId], _Device] = {}
         self._cached = 0
+        self._recipes: dict[tuple[SeriesKey, tuple[str, ...]], _Recipe | None] = {}
+        self._plans: dict[tuple[tuple[SeriesKey, ...], tuple[bool, ...], tuple[str, ...]], _Plan] = {}
+        self._plan_keys = 0
         self.budget = budget or SeriesBudget(max_series_per_node, max_series)
         self._reserved = frozenset(("__name__", node_label, *(f.name for f in dataclasses.fields(DeviceId))))
 
@@ -125,8 +185,9 @@ class Converter:
         key = (node, device)
         cache = self._devices.get(key)
         if cache is None:
+            pairs = sorted([*device.labels(), (self.node_label, node)])
             self._count(_DEVICE_UNITS)
-            cache = self._devices[key] = _Device()
+            cache = self._devices[key] = _Device(tuple(n for n, _ in pairs), tuple(_field(n, v) for n, v in pairs))
         return cache
 
     def _count(self, units: int) -> None:
@@ -143,57 +204,89 @@ class Converter:
         cache.why = self.budget.refused
         return _LIMITED
 
-    def _labels(
-        self,
-        node: str,
-        device: DeviceId,
-        cache: _Device,
-        series: SeriesKey,
-    ) -> _Entry | None:
-        """The labels of one catalog series on one device, None for an unknown key."""
-        try:
-            return cache.series[series]
-        except KeyError:
-            pass
+    def _recipe(self, series: SeriesKey, names: tuple[str, ...]) -> _Recipe | None:
+        """How to compose the labels of one catalog series on devices with label ``names``; None for an
+        unknown key. Shared by every device of the fleet with the same label names."""
+        found = self._recipes.get((series, names), _MISSING)
+        if found is not _MISSING:
+            return found  # type: ignore[return-value]
         key, dynamic = series
         base, _, stat = key.partition(":")  # "<key>:max" in a summary batch: the series <name>_max
         try:
             metric = catalog.by_key(base)
         except KeyError:
-            entry: _Entry | None = None
+            recipe: _Recipe | None = None
         else:
             name = f"{metric.name}_{stat}" if stat else metric.name
-            pairs = [("__name__", name), *device.labels(), *metric.const_labels]
-            pairs += zip(metric.labels, dynamic, strict=False)
-            pairs.append((self.node_label, node))
-            entry = self._admit(node, _entry(pairs), cache)
-            if not entry:
-                return entry  # not cached: a node past its limit cannot grow the cache either
-        self._count(1 + len(entry or b"") // _UNIT)  # may start over: this device's cache lives on
-        cache.series[(sys.intern(key), dynamic)] = entry
-        return entry
+            fixed = [("__name__", name), *metric.const_labels, *zip(metric.labels, dynamic, strict=False)]
+            slots = {n: i for i, n in enumerate(names)}
+            k = len(names)
+            parts: list[bytes | int] = []
+            run: list[int] = []  # slots of the current run of device fields (consecutive: both sorted)
+            for n, v, slot in sorted([(n, v, -1) for n, v in fixed] + [(n, "", slots[n]) for n in names]):
+                if slot >= 0:
+                    run.append(slot)
+                    continue
+                if run:
+                    parts.append(run[0] * (k + 1) + run[-1] + 1)
+                    run = []
+                if parts and isinstance(parts[-1], bytes):
+                    parts[-1] += _field(n, v)
+                else:
+                    parts.append(_field(n, v))
+            if run:
+                parts.append(run[0] * (k + 1) + run[-1] + 1)
+            recipe = tuple(parts)
+        if len(self._recipes) >= MAX_RECIPES:  # dynamic label values (XID codes) are many at worst
+            self._recipes.clear()
+        self._recipes[(sys.intern(key), dynamic), names] = recipe
+        return recipe
+
+    def _plan(self, cache: _Device, metrics: tuple[SeriesKey, ...], absent: tuple[bool, ...]) -> _Plan:
+        """The shared plan of (metrics list, columns present, device label names)."""
+        key = (metrics, absent, cache.names)
+        plan = self._plans.get(key)
+        if plan is None:
+            names = cache.names
+            plan = _Plan(
+                metrics, [None if a else self._recipe(m, names) for m, a in zip(metrics, absent, strict=True)], absent
+            )
+            if len(metrics) <= PLAN_LIMIT:  # a flood of series is not kept for the next device
+                self._plan_keys += len(metrics)
+                if self._plan_keys > MAX_PLANS_KEYS:
+                    self._plans.clear()
+                    self._plan_keys = len(metrics)
+                self._plans[key] = plan
+        return plan
 
     def _entries(
         self,
         node: str,
-        device: DeviceId,
         cache: _Device,
         metrics: tuple[SeriesKey, ...],
         columns: list[list[float | None] | None],
-    ) -> _Plan:
-        """The entry of each of a batch's metrics on one device (None where the device has no column);
-        remade only when the metrics list or the set of columns present changes. Only series with a
-        column count against the node's series limit."""
+    ) -> _Entries:
+        """The entry of each of a batch's metrics on one device (None where the device has no column),
+        composed for this batch; the device's plan is looked up, and its series admitted, only when the
+        metrics list or the set of columns present changes. Only series with a column count against the
+        series limits."""
         absent = tuple(map(operator.is_, columns, itertools.repeat(None)))
-        if cache.plan is not None and cache.metrics == (metrics, absent):
-            return cache.plan
-        entries = [None if a else self._labels(node, device, cache, m) for m, a in zip(metrics, absent, strict=True)]
-        plan = _Plan(metrics, entries, absent)
-        if len(metrics) <= PLAN_LIMIT:
-            cache.plan, cache.metrics = plan, (metrics, absent)
-        else:
-            cache.plan = cache.metrics = None
-        return plan
+        runs = cache.runs
+        plan = cache.plan
+        fresh = plan is None or cache.metrics != (metrics, absent)
+        if fresh:
+            plan = self._plan(cache, metrics, absent)
+        assert plan is not None
+        entries = [None if f is None else f[0] % f[1](runs) for f in plan.formats]
+        if fresh:
+            allowed = [e is None or bool(self._admit(node, e, cache)) for e in entries]
+            if len(metrics) <= PLAN_LIMIT:
+                cache.plan, cache.metrics = plan, (metrics, absent)
+                cache.allowed = allowed if False in allowed else []  # kept only where something is refused
+            else:
+                cache.plan = cache.metrics = None
+            return _Entries(plan, entries, allowed)
+        return _Entries(plan, entries, cache.allowed)
 
     def convert(self, items: Iterable[tuple[ColumnBatch, list[int] | None]]) -> Converted:
         """Series for each batch's samples at the given positions (None: all of them)."""
@@ -244,7 +337,7 @@ class Converter:
                     add((info_entry, stamps_up, [1.0] * len(stamps_up)))
                 if answering is not None and not answering:
                     continue  # like the /metrics page: a device that did not answer has no values
-                plan = self._entries(node, dev.device, cache, metrics, dev.columns)
+                plan = self._entries(node, cache, metrics, dev.columns)
                 gaps = self._screen(batch, plan, dev.columns, cache, dev.nonfinite, dev.counters_rising, out)
                 gaps |= dev.gaps
                 if plan.unknown:
@@ -300,7 +393,7 @@ class Converter:
     def _screen(
         self,
         batch: ColumnBatch,
-        plan: _Plan,
+        plan: _Entries,
         columns: list[list[float | None] | None],
         cache: _Device,
         nonfinite: bool,

@@ -4,8 +4,10 @@ fleet, new node names per minute; and a log that says each kind of trouble at mo
 Series are counted while they are active: a series counts from the first value the bridge writes for
 it until it has had no value for one to two windows (``SERIES_WINDOW``, an hour), as a TSDB's head
 forgets series that stopped. So pods that come and go, a node that leaves the fleet, or a flood that
-stopped give their share of the budgets back. Each counted series costs a 64-bit hash in a set (about
-60 bytes).
+stopped give their share of the budgets back. Each counted series costs a 64-bit hash in a node's sorted
+array (8 bytes, where a set of Python ints took about 60: a 1,000-node fleet of 8-GPU nodes keeps about
+7 MB instead of about 50). The converter asks only when a device's set of series changes, so a lookup
+by bisection costs nothing that matters.
 
 A new node name (one the bridge has no active series of) takes a token from a bucket that refills at
 ``per_minute`` tokens a minute and holds as many, except the names the fleet introduces right after the
@@ -15,9 +17,11 @@ which the broker sends on subscribing (``NewNodes``).
 
 from __future__ import annotations
 
+import bisect
 import logging
 import threading
 import time
+from array import array
 from collections.abc import Callable
 
 __all__ = ["INTRODUCTION", "QUIET", "SERIES_WINDOW", "NewNodes", "RateLog", "SeriesBudget"]
@@ -31,8 +35,14 @@ class _Node:
     __slots__ = ("cur", "prev")
 
     def __init__(self) -> None:
-        self.cur: set[int] = set()  # series with a value in the current window
-        self.prev: set[int] = set()  # ... in the window before, not (yet) in this one
+        self.cur: array[int] = array("q")  # hashes of series with a value in the current window, sorted
+        self.prev: array[int] = array("q")  # ... in the window before, not (yet) in this one
+
+
+def _find(hashes: array[int], h: int) -> tuple[int, bool]:
+    """Where ``h`` is, or would go, in the sorted ``hashes``, and whether it is there."""
+    i = bisect.bisect_left(hashes, h)
+    return i, i < len(hashes) and hashes[i] == h
 
 
 class SeriesBudget:
@@ -62,7 +72,7 @@ class SeriesBudget:
         self._turn = now + self._window
         for name, node in list(self._nodes.items()):
             self.total -= len(node.prev)
-            node.prev, node.cur = node.cur, set()
+            node.prev, node.cur = node.cur, array("q")
             if not node.prev:
                 del self._nodes[name]
         return True
@@ -73,11 +83,13 @@ class SeriesBudget:
         if state is None:
             state = self._nodes[node] = _Node()
         h = hash(entry)
-        if h in state.cur:
+        at, found = _find(state.cur, h)
+        if found:
             return True
-        if h in state.prev:
-            state.prev.discard(h)
-            state.cur.add(h)
+        was, found = _find(state.prev, h)
+        if found:
+            del state.prev[was]
+            state.cur.insert(at, h)
             return True
         if len(state.cur) + len(state.prev) >= self.per_node:
             self.refused = "node"
@@ -85,7 +97,7 @@ class SeriesBudget:
         if self.total >= self.fleet:
             self.refused = "fleet"
             return False
-        state.cur.add(h)
+        state.cur.insert(at, h)
         self.total += 1
         return True
 

@@ -15,6 +15,8 @@ series' samples with one ``struct`` call.
 from __future__ import annotations
 
 import bisect
+import itertools
+import operator
 import struct
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
@@ -95,7 +97,9 @@ class WriteEncoder:
     def __init__(self, label_cache_size: int = 200_000) -> None:
         self._labels: dict[LabelSet, bytes] = {}
         self._label_cache_size = label_cache_size
-        self._structs: dict[int, struct.Struct] = {}
+        self._plans: dict[tuple[int, ...], tuple[list[object], struct.Struct, int]] = {}
+        # the bytes around a sample's double, by timestamp: a fleet's writes repeat recent timestamps
+        self._around: dict[int, tuple[bytes, bytes]] = {}
 
     def _label_block(self, labels: LabelSet) -> bytes:
         block = self._labels.get(labels)
@@ -109,34 +113,69 @@ class WriteEncoder:
         """The uncompressed protobuf body for ``series``."""
         # One sample is: 0x12 <len> 0x09 <8-byte double> 0x10 <varint ms>. Everything but the double
         # depends on the timestamp only, so the bytes around each double are built once per timestamp,
-        # and series that share one timestamp list (all series of a batch) share one packing plan.
-        around: dict[int, tuple[bytes, bytes]] = {}
-        plans: dict[int, tuple[list[Sequence[int]], struct.Struct, list[object]]] = {}
+        # and series that share one timestamp list (all series of a batch, which come one after another)
+        # are packed CHUNK at a time by one ``struct`` call: a series costs a few list operations.
+        around = self._around
+        if len(around) > 100_000:
+            around.clear()
         out: list[bytes] = []
-        for s in series:
-            if not s.timestamps:
+        for _, run in itertools.groupby(series, key=_STAMPS):
+            group = list(run)
+            stamps = group[0].timestamps
+            if not stamps:
                 continue
-            plan = plans.get(id(s.timestamps))
-            if plan is None:
-                template: list[object] = []
-                fmt = ["<"]
-                for ts in s.timestamps:
-                    pair = around.get(ts)
-                    if pair is None:
-                        tail = b"\x10" + encode_varint(ts)
-                        head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
-                        pair = around[ts] = (head, tail)
-                    template += (pair[0], 0.0, pair[1])
-                    fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
-                # The list itself is kept in the plan so that its id cannot be reused meanwhile.
-                plan = plans[id(s.timestamps)] = ([s.timestamps], struct.Struct("".join(fmt)), template)
-            args = plan[2].copy()
-            args[1::3] = s.values
-            body = (s.encoded_labels or self._label_block(s.labels)) + plan[1].pack(*args)
-            size = len(body)
-            out.append(_TS_HEAD[size] if size < 16384 else b"\x0a" + encode_varint(size))
-            out.append(body)
+            template, chunk, size = self._plan(stamps, around)
+            step = len(template) // CHUNK  # struct arguments per series
+            labels = [s.encoded_labels or self._label_block(s.labels) for s in group]
+            bodies: list[memoryview | bytes] = []
+            for lo in range(0, len(group), CHUNK):
+                part = group[lo : lo + CHUNK]
+                k = len(part)
+                args = template[: k * step] if k < CHUNK else template.copy()
+                args[1::3] = list(itertools.chain.from_iterable([s.values for s in part]))
+                packed = memoryview(
+                    chunk.pack(*args)
+                    if k == CHUNK
+                    else struct.pack(chunk.format[: 1 + len(chunk.format[1:]) * k // CHUNK], *args)
+                )
+                bodies += [packed[i : i + size] for i in range(0, k * size, size)]
+            heads = [
+                _TS_HEAD[n] if n < 16384 else b"\x0a" + encode_varint(n) for n in map(size.__add__, map(len, labels))
+            ]
+            out += itertools.chain.from_iterable(zip(heads, labels, bodies, strict=True))  # type: ignore[arg-type]
         return b"".join(out)
+
+    def _plan(
+        self, stamps: list[int], around: dict[int, tuple[bytes, bytes]]
+    ) -> tuple[list[object], struct.Struct, int]:
+        """The struct arguments (values left 0.0) and the Struct of CHUNK series with these timestamps,
+        and the size of one series' samples."""
+        key = tuple(stamps)
+        plan = self._plans.get(key)
+        if plan is not None:
+            return plan
+        one: list[object] = []
+        fmt = []
+        for ts in stamps:
+            pair = around.get(ts)
+            if pair is None:
+                tail = b"\x10" + encode_varint(ts)
+                head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
+                pair = around[ts] = (head, tail)
+            one += (pair[0], 0.0, pair[1])
+            fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
+        single = "".join(fmt)
+        chunk = struct.Struct("<" + single * CHUNK)
+        if len(self._plans) >= 256:
+            self._plans.clear()
+        plan = self._plans[key] = (one * CHUNK, chunk, struct.calcsize("<" + single))
+        return plan
+
+
+CHUNK = 16  # series packed by one struct call
+
+
+_STAMPS = operator.attrgetter("timestamps")  # series with equal timestamp lists share a plan
 
 
 def compress(body: bytes) -> bytes:
@@ -154,7 +193,7 @@ def split_by_samples(series: Sequence[Series], max_samples: int) -> list[list[Se
     chunk: list[Series] = []
     size = 0
     for s in series:
-        n = len(s)
+        n = len(s.timestamps)
         if not n:
             continue
         if n > max_samples:

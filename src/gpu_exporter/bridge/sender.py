@@ -166,7 +166,7 @@ class RemoteWriter:
 
     def _write_bisecting(self, request: list[Series], outcome: WriteOutcome) -> None:
         verdict = self._post(request, outcome)
-        n = sum(len(s) for s in request)
+        n = sum(map(len, [s.timestamps for s in request]))
         if verdict.action == "ok":
             outcome.written += n
             return

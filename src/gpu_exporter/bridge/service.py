@@ -2,13 +2,15 @@
 
 Two threads. paho's network thread receives messages and queues them (status messages update node
 liveness directly; a payload over --bridge.max-payload is dropped there, before it is queued). The
-writer thread takes what is queued (up to ``max_messages`` at a time), decodes, drops replays, converts,
-writes, and only then acknowledges each message, in the order received. A write that keeps failing
+writer thread takes what is queued (up to ``max_messages`` at a time, waiting up to ``linger`` after the
+first for more, so that a fleet's messages arriving one at a time make few large writes), decodes, drops
+replays, converts, writes, and only then acknowledges the messages of that write, in the order received. A write that keeps failing
 blocks the writer; the broker holds everything unacknowledged meanwhile. What the bridge holds is
 bounded in messages and bytes by its own account (``inflight.py``): at the bound paho's thread waits,
 reads nothing more, and the broker keeps the rest. MQTT 5's Receive Maximum and Maximum Packet Size,
 announced in CONNECT, ask the broker for the same; the bridge does not rely on it.
-If the bridge dies, every message it had not acknowledged is delivered again to its session.
+If the bridge dies, every message it had not acknowledged is delivered again to its session; with a
+``state_dir`` the restarted bridge recognises those it had written (``journal.py``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import time
 import urllib.parse
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
@@ -36,6 +39,7 @@ from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converted, Converter
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.inflight import Inflight
+from gpu_exporter.bridge.journal import WriteJournal, seq_ranges
 from gpu_exporter.bridge.limits import NewNodes, SeriesBudget
 from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
@@ -76,6 +80,7 @@ class BridgeSettings:
     max_inflight_bytes: int = 64 * 1024 * 1024
     max_packet_size: int = 0  # announced in CONNECT; 0: max_payload + PACKET_OVERHEAD
     max_messages: int = 100  # messages per remote write
+    linger: float = 0.5  # seconds the writer waits for more messages before a write (coalescing)
     max_payload: int = 4 * 1024 * 1024
     node_label: str = "node"
     rw_timeout: float = 10.0
@@ -96,6 +101,7 @@ class BridgeSettings:
     new_nodes_per_minute: int = 10
     max_clock_skew: float = 300.0
     clock_skew_policy: str = "correct"
+    state_dir: str = ""  # where the record of what was written is kept; empty: nowhere
 
 
 def max_packet_size(settings: BridgeSettings) -> int:
@@ -129,6 +135,7 @@ class Bridge:
         self.liveness = Liveness()
         registry.register(self.liveness)
         self.dedup = SeqTracker(max_streams=settings.dedup_streams)
+        self.journal = self._load_journal()
         self.handler = MessageHandler(settings.topic_prefix, self.metrics, settings.max_payload, self.liveness)
         self._stop = threading.Event()
         # bounded by ``inflight``: paho's thread waits there before it puts a message here
@@ -191,6 +198,21 @@ class Bridge:
         self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
         self._connected = threading.Event()
         self._unknown_logged: set[str] = set()
+
+    def _load_journal(self) -> WriteJournal | None:
+        """The record of what this bridge's session had written, read into the replay memory."""
+        if not self.settings.state_dir:
+            return None
+        name = "".join(c if c.isalnum() or c in "-_." else "_" for c in self.settings.client_id)
+        journal = WriteJournal(Path(self.settings.state_dir) / f"written-{name}.log")
+        loaded = journal.load(self.dedup)
+        try:
+            journal.open()
+        except OSError as exc:
+            raise OSError(f"--bridge.state-dir: cannot write {journal.path}: {exc.strerror or exc}") from None
+        if loaded:
+            log.info("recognising %d ranges of sequence numbers written before the restart (%s)", loaded, journal.path)
+        return journal
 
     # ------------------------------------------------------------------------------------------- MQTT
 
@@ -301,12 +323,7 @@ class Bridge:
                 first = self._queue.get(timeout=0.2)
             except queue.Empty:
                 continue
-            msgs = [first]
-            while len(msgs) < self.settings.max_messages:
-                try:
-                    msgs.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            msgs = self._take(first)
             try:
                 self.process_safely(msgs)
             except Stopped:
@@ -317,6 +334,44 @@ class Bridge:
                 self._client.ack(m.mid, m.qos)
             self.inflight.release(msgs)
             self.metrics.queue.dec(len(msgs))
+
+    def _take(self, first: Received) -> list[Received]:
+        """``first`` and what else is queued, up to ``max_messages``, waiting at most ``linger`` seconds
+        after ``first`` for more: a write's latency bound."""
+        msgs = [first]
+        deadline = time.monotonic() + self.settings.linger
+        while len(msgs) < self.settings.max_messages:
+            try:
+                msgs.append(self._queue.get_nowait())
+                continue
+            except queue.Empty:
+                pass
+            left = deadline - time.monotonic()
+            if left <= 0 or self._stop.is_set():
+                break
+            try:
+                msgs.append(self._queue.get(timeout=min(left, 0.2)))
+            except queue.Empty:
+                continue
+        return msgs
+
+    def _acknowledge(self, msgs: list[Received]) -> None:
+        """Acknowledge ``msgs`` (each once), as soon as what they carry was written."""
+        for m in self.inflight.claim(msgs):
+            self._client.ack(m.mid, m.qos)
+
+    def _record(self, decoded: list[tuple[ColumnBatch, list[int] | None]]) -> None:
+        """Record a write's sequence numbers (``journal.py``), before its messages are acknowledged."""
+        if self.journal is None:
+            return
+        marks = [
+            (b.node, _stream(b), seq_ranges(b.seqs if keep is None else [b.seqs[i] for i in keep]))
+            for b, keep in decoded
+        ]
+        try:
+            self.journal.record(marks)
+        except OSError as exc:  # the write stands: only a restart's recognition of it is lost
+            self.log.warning("journal", "cannot record a write in %s: %s", self.journal.path, exc)
 
     def process_safely(self, msgs: list[Received]) -> int:
         """``process``, but a message that makes it fail (a bug, not a network error: those are retried
@@ -343,16 +398,19 @@ class Bridge:
         written = 0
         todo = iter(msgs)
         while True:
-            group = self._group(todo)
+            taken: list[Received] = []
+            group = self._group(todo, taken)
             if group is None:
                 return written
+            self._acknowledge(taken)
             written += group
 
-    def _group(self, todo: Iterator[Received]) -> int | None:
-        """Decode, check and write messages of ``todo`` until GROUP_TEXT_BYTES of JSON were decoded;
-        the samples written, None when ``todo`` was empty."""
+    def _group(self, todo: Iterator[Received], taken_msgs: list[Received]) -> int | None:
+        """Decode, check and write messages of ``todo`` (appended to ``taken_msgs``) until
+        GROUP_TEXT_BYTES of JSON were decoded; the samples written, None when ``todo`` was empty."""
         decoded: list[tuple[ColumnBatch, list[int] | None]] = []
         pending: dict[tuple[str, str], set[int]] = {}  # seqs taken within this group of messages
+        admitted: set[str] = set()  # new node names admitted in this group (written with it)
         replays = 0
         text = 0
         now_ms = -(-time.time_ns() // 1_000_000)  # nothing later is written (bridge/clock.py); ceil: stamps round
@@ -360,8 +418,9 @@ class Bridge:
         if first is None:
             return None
         for m in itertools.chain((first,), todo):
+            taken_msgs.append(m)
             batch = self.handler.decode(m)
-            if batch is None or not self._admit_node(batch, m.backlog):
+            if batch is None or not self._admit_node(batch, m.backlog, admitted):
                 continue
             stream = _stream(batch)
             taken = pending.setdefault((batch.node, stream), set())
@@ -393,6 +452,7 @@ class Bridge:
         now = time.time()
         for batch, keep in decoded:
             self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])
+        self._record(decoded)
         self.metrics.samples.inc(outcome.written)
         if outcome.written:  # health advances only with what remote storage accepted
             total = outcome.written + outcome.rejected
@@ -402,13 +462,16 @@ class Bridge:
                 self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
         return outcome.written
 
-    def _admit_node(self, batch: ColumnBatch, backlog: bool) -> bool:
+    def _admit_node(self, batch: ColumnBatch, backlog: bool, admitted: set[str]) -> bool:
         """False (the batch dropped and counted) for a node name the bridge does not know, once
-        --bridge.new-nodes-per-minute new names came in the last minute."""
-        if self._converter.knows(batch.node):
+        --bridge.new-nodes-per-minute new names came in the last minute. A name admitted earlier in the
+        same write group (``admitted``) is known: it takes one token, however many of its batches the
+        group coalesced."""
+        if batch.node in admitted or self._converter.knows(batch.node):
             return True
         if backlog or self.new_nodes.take(batch.node):
             self.metrics.new_nodes.inc()
+            admitted.add(batch.node)
             return True
         self.metrics.new_nodes_refused.inc()
         self.log.warning(
@@ -500,6 +563,8 @@ class Bridge:
             self._client.disconnect()
             self._client.loop_stop()
         self._writer.close()
+        if self.journal is not None:
+            self.journal.close()
 
 
 def _stream(batch: ColumnBatch) -> str:
