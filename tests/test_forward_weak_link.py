@@ -6,8 +6,9 @@ Time runs ten times faster than in the issue's figures, and rates are ten times 
 batch holds the same samples and the same bytes as at full scale: a sample every 0.1 s (the issue: 1 s),
 a batch every 3 s (30 s), 200 B/s becomes 2000 B/s. Full resolution of 8 simulated GPUs takes about
 3.2 kB/s here (320 B/s at full scale, the issue's "about 300 B/s"); a summary of a 3 s window about
-4.1 kB. The outage lasts 20 s (200 samples), on a link of 6000 B/s: 1.9 times what full resolution
-needs (the issue's 2 kB/s link carries 6 times as much), so that the backlog takes long enough to
+4.1 kB. The outage lasts 20 s (200 samples), on a link of 8000 B/s: about twice what full resolution
+needs as the agent measures it (4-4.6 kB/s with MQTT framing and parts; the issue's 2 kB/s link carries
+6 times as much), so that the backlog takes long enough to
 drain (about 25 s) for the order of arrival to show. 24 h over 2 kB/s cannot fit a test;
 bench/bench_adaptive.py measures the times and says how they scale.
 """
@@ -183,12 +184,25 @@ def test_a_spike_reaches_the_tsdb_as_a_max_before_full_resolution_on_a_200_bytes
     assert s.forwarder.spool.total_bytes > 0  # full resolution waits in the spool
 
 
-@pytest.mark.parametrize("setup", [6000.0], indirect=True)  # full resolution fits, with room to spare
+@pytest.mark.parametrize("setup", [8000.0], indirect=True)  # full resolution fits, with room to spare
 def test_an_outage_shows_coarse_first_then_full_resolution_with_nothing_lost_or_duplicated(setup: Setup) -> None:
     s = setup
     boot = s.forwarder.boot
     wait_progressing(lambda: len(s.collector.seqs(boot).get(boot, ())) >= 60, s.moving, 30, "full resolution flowing")
-    assert s.gauge("gpu_exporter_forward_summarizing") == 0  # 3.2 kB/s fits a 6 kB/s link
+    # 4-4.6 kB/s fits an 8 kB/s link: full resolution, once the meter has read the link (a loaded machine can
+    # make an early reading low, and summarising then ends only with room to spare)
+    late = s.sampler.seq + 300  # 30 s of real time, 5 min at full scale
+    wait_progressing(
+        lambda: s.gauge("gpu_exporter_forward_summarizing") == 0 or s.sampler.seq > late,
+        s.moving,
+        30,
+        "full resolution",
+    )
+    assert s.gauge("gpu_exporter_forward_summarizing") == 0, (
+        "still summarising, 300 samples on, a link with room",
+        s.gauge("gpu_exporter_forward_link_bytes_per_second"),
+        s.gauge("gpu_exporter_forward_full_resolution_bytes_per_second"),
+    )
     s.wan.cut()
     cut_at = time.time()
     time.sleep(20)  # 200 samples spooled
