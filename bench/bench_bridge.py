@@ -28,13 +28,12 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter import config as cfg
 from gpu_exporter.backends import base
-from gpu_exporter.bridge import columns
 from gpu_exporter.bridge.cli import tune_gc
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import WriteEncoder, compress
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward.batch import Batch, decode, encode
 from gpu_exporter.model import Sample
+from gpu_exporter.payload import Batch, columns, decode, encode
 
 
 def make_payloads(nodes: int, rounds: int, per_batch: int, gpus: int) -> list[list[bytes]]:

@@ -39,7 +39,7 @@ from tests.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, mak
 from tests.tsdb import MosquittoServer, PrometheusServer, http_get, wait_until  # noqa: E402
 
 from gpu_exporter import config as cfg  # noqa: E402
-from gpu_exporter.forward.batch import encode  # noqa: E402
+from gpu_exporter.payload import encode  # noqa: E402
 
 MB = 1_000_000
 MiB = 1 << 20
@@ -229,9 +229,8 @@ def memory_per_byte(tmp: Path, bridge_args: list[str]) -> str:
     import tracemalloc
 
     from gpu_exporter.backends import base
-    from gpu_exporter.bridge import columns
-    from gpu_exporter.forward.batch import Batch
     from gpu_exporter.model import Sample
+    from gpu_exporter.payload import Batch, columns
 
     backend = base.create(cfg.replace(cfg.Config(), gpu_vendor="fake", fake_gpus=8))[0]
     t = time.time() - 3600

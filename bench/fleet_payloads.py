@@ -2,7 +2,7 @@
 
 The agent reads its backend every interval (``--gpu-vendor=fake``: the real NVML backend over the
 simulated library), rounds the values (``forward.service.round_values``) and, when a batch closes,
-encodes its samples (``forward.batch.encode``: JSON, zlib level 9 with the payload's dictionary). Done
+encodes its samples (``payload.encode``: JSON, zlib level 9 with the payload's dictionary). Done
 for every node, that costs about 130 ms of CPU per 24-sample batch: 5,000 nodes would need a core of
 their own. So the bench reads the simulator once per *template* (a window of consecutive samples of one
 simulated node; the templates are consecutive windows of one simulated run) and gives every message of
@@ -30,15 +30,15 @@ from gpu_exporter import catalog
 from gpu_exporter import config as cfg
 from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
-from gpu_exporter.forward._zdict import ZDICT
-from gpu_exporter.forward.batch import Batch, to_document
 from gpu_exporter.forward.service import round_values
 from gpu_exporter.model import DeviceSample, Sample
+from gpu_exporter.payload import Batch, to_document
+from gpu_exporter.payload._zdict import ZDICT
 
 __all__ = ["Message", "Templates", "device_uuid"]
 
 SAMPLE_INTERVAL = 5.0  # the agent's default --interval: how far apart the simulator is read
-LEVEL = 9  # forward.batch.encode's default, as the forwarder spools a closed batch
+LEVEL = 9  # payload.encode's default, as the forwarder spools a closed batch
 
 
 def device_uuid(node: int, gpu: int) -> str:

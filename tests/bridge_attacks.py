@@ -15,9 +15,9 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import Stamp
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward._zdict import ZDICT
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, encode
+from gpu_exporter.payload._zdict import ZDICT
 
 __all__ = [
     "bomb",

@@ -16,8 +16,8 @@ import cramjam
 import paho.mqtt.client as mqtt
 
 from gpu_exporter import catalog
-from gpu_exporter.forward.batch import Batch
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch
 
 from .conftest import child_env
 from .tsdb import MosquittoServer, free_port, http_get, wait_until

@@ -28,7 +28,7 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gpu_exporter.forward.batch import Batch, PayloadError, decode
+from gpu_exporter.payload import Batch, PayloadError, decode
 
 from .conftest import free_port, stop_process, wait_until
 

@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.service import Bridge, BridgeSettings
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch
 from .mosquitto import Broker

@@ -17,7 +17,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.inflight import Inflight
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_attacks import bomb, junk_document, local_bridge, peak_rss, rss, value
 from .bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch

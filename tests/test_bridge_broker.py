@@ -14,7 +14,7 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import BridgeProcess, ScriptedReceiver, make_batch
 from .deployed import CloudBroker, Manifest, NodePaths, provision_node_credentials

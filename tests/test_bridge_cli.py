@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import Publisher, expected_points, make_batch, stored_points
 from .tsdb import MosquittoServer, PrometheusServer, free_port, http_get, wait_until

@@ -12,10 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.bridge import columns
 from gpu_exporter.bridge.convert import Converter
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, columns, encode
 
 from .bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch
 from .tcp_proxy import TcpProxy

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter import config as cfg
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, encode
 
 from .bridge_attacks import series_flood
 from .bridge_helpers import BridgeProcess, Publisher, expected_points, make_batch, stored_points

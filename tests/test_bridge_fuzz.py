@@ -13,9 +13,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge import columns
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward.batch import decode, encode
+from gpu_exporter.payload import columns, decode, encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch
 from .payload_helpers import strictly

@@ -12,8 +12,8 @@ import pytest
 from gpu_exporter.bridge.limits import QUIET, SERIES_WINDOW
 from gpu_exporter.bridge.service import Received
 from gpu_exporter.bridge.twins import LIVE
-from gpu_exporter.forward.batch import Batch
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch
 
 from .bridge_attacks import local_bridge, message, value
 from .bridge_helpers import ScriptedReceiver, make_batch

@@ -17,7 +17,7 @@ from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, WaitRecorder, make_batch
 

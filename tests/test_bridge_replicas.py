@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import BridgeProcess, Publisher, expected_points, make_batch, stored_points
 from .tsdb import MosquittoServer, PrometheusServer, wait_until

@@ -12,7 +12,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.service import Bridge, BridgeSettings
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import Publisher, expected_points, make_batch, stored_points
 from .tsdb import (

@@ -8,8 +8,8 @@ import uuid
 
 import pytest
 
-from gpu_exporter.forward.batch import encode
 from gpu_exporter.forward.summary import encode_summary, summarize
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import Publisher, make_batch
 from .test_bridge_service import Running, broker  # noqa: F401  (broker: the fixture, a plain Mosquitto)

@@ -10,7 +10,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import Stamp
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward.batch import encode
+from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch
 

@@ -12,8 +12,8 @@ import time
 from gpu_exporter.bridge.labels import MAX_INFO_LABELS, MAX_LABELS
 from gpu_exporter.bridge.service import Received
 from gpu_exporter.bridge.values import RESET_AFTER
-from gpu_exporter.forward.batch import Batch
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch
 
 from .bridge_attacks import info_flood, local_bridge, message, value
 from .bridge_helpers import ScriptedReceiver

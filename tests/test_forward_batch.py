@@ -16,9 +16,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter import catalog
-from gpu_exporter.forward import batch as codec
-from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
+from gpu_exporter import payload as codec
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, PayloadError, decode, encode, to_document
+from gpu_exporter.payload._zdict import ZDICT
 
 from .payload_helpers import as_v1, as_v2, strictly, v1_payload, v2_payload
 
@@ -117,7 +118,7 @@ def comparable(b: Batch) -> Any:
 def test_round_trip_gives_back_every_value_exactly(b: Batch, compress: bool) -> None:
     data = encode(b, compress=compress)
     if compress:  # zlib (RFC 1950) with the payload's preset dictionary
-        assert data[0] == 0x78 and data[1] & 0x20 and data[2:6] == zlib.adler32(codec.ZDICT).to_bytes(4, "big")
+        assert data[0] == 0x78 and data[1] & 0x20 and data[2:6] == zlib.adler32(ZDICT).to_bytes(4, "big")
     else:
         assert data[:1] == b"{"
     back = decode(data)
@@ -440,7 +441,7 @@ def test_size_limits_hold_before_and_after_inflating() -> None:
         decode(data, max_bytes=100)
     inflated = b'{"format":"gpu-exporter.batch","version":2,' + b" " * 5_000_000 + b"}"
     bomb = gzip.compress(inflated)
-    deflater = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, codec.ZDICT)
+    deflater = zlib.compressobj(9, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, ZDICT)
     zbomb = deflater.compress(inflated) + deflater.flush()
     for packed in (bomb, zbomb):
         assert len(packed) < 10_000
@@ -521,9 +522,9 @@ def test_the_example_in_docs_payload_md_is_a_valid_batch() -> None:
 def test_the_preset_dictionaries_are_frozen_with_their_versions() -> None:
     # A zlib payload names its dictionary by Adler-32: an edited dictionary is one that batches already
     # spooled or in flight (and readers already deployed) do not have.
-    from gpu_exporter.forward._zdict import ZDICT_V2
+    from gpu_exporter.payload._zdict import ZDICT_V2
 
-    assert zlib.adler32(codec.ZDICT) == 0x408D87D3
+    assert zlib.adler32(ZDICT) == 0x408D87D3
     assert zlib.adler32(ZDICT_V2) == 0xC154942C
 
 

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.batch import Batch, decode
 from gpu_exporter.forward.spool import Spool
+from gpu_exporter.payload import Batch, decode
 
 from .agent_proc import FAST, Proc
 from .conftest import child_env, exporter_cmd

@@ -22,10 +22,10 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import config as cfg
 from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
-from gpu_exporter.forward.batch import Batch
 from gpu_exporter.forward.service import Forwarder, round_values
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch
 from gpu_exporter.ring import RingBuffer
 
 from .bridge_helpers import BridgeProcess, expected_points, stored_points

@@ -14,10 +14,10 @@ from typing import Any
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, encode
 from gpu_exporter.ring import RingBuffer
 
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)

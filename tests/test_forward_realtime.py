@@ -20,8 +20,8 @@ import paho.mqtt.client as paho
 import pytest
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
-from gpu_exporter.forward.batch import PayloadError, decode
 from gpu_exporter.forward.spool import Spool
+from gpu_exporter.payload import PayloadError, decode
 
 from .conftest import NOT_APPLICABLE
 from .netns import netns_unavailable

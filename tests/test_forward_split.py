@@ -14,17 +14,16 @@ import jsonschema
 import pytest
 
 from gpu_exporter import config as cfg
+from gpu_exporter import payload as codec
 from gpu_exporter.backends.fake import SimNvml
 from gpu_exporter.backends.nvml import NvmlBackend
-from gpu_exporter.bridge import columns
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.service import _stream
-from gpu_exporter.forward import batch as codec
-from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
 from gpu_exporter.forward.service import round_values
-from gpu_exporter.forward.split import part_name, split
 from gpu_exporter.forward.summary import encode_summary, summarize
 from gpu_exporter.model import Sample
+from gpu_exporter.payload import Batch, PayloadError, columns, decode, encode, to_document
+from gpu_exporter.payload.split import part_name, split
 
 NODE, BOOT = "edge-07", "f8693b5d0e1c4a5f9d3b2a1c0e9f8d7c"
 

@@ -20,9 +20,9 @@ from typing import Any
 import diskcache
 import pytest
 
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.forward.spool_disk import check_wal
+from gpu_exporter.payload import Batch, encode
 
 from .agent_proc import FAST, Proc
 from .conftest import child_env

@@ -11,15 +11,15 @@ from typing import Any
 import jsonschema
 import pytest
 
-from gpu_exporter.bridge import columns, summaries
+from gpu_exporter.bridge import summaries
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.forward import tail
 from gpu_exporter.forward.adaptive import COARSE_SECONDS, Adaptive
-from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, schema, to_document
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.spool import Entry
 from gpu_exporter.forward.summary import STATS, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, PayloadError, columns, decode, encode, schema, to_document
 
 from .bridge_helpers import fields
 

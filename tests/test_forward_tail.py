@@ -7,9 +7,9 @@ import json
 
 import pytest
 
-from gpu_exporter.forward.batch import Batch
 from gpu_exporter.forward.tail import lines, main
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch
 
 
 def test_each_device_and_sample_is_one_line_with_prometheus_names() -> None:

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from gpu_exporter.forward.batch import Batch, decode, encode
 from gpu_exporter.forward.service import round_values
 from gpu_exporter.forward.tail import lines
 from gpu_exporter.k8s import PodAttributor
+from gpu_exporter.payload import Batch, decode, encode
 from gpu_exporter.ring import RingBuffer
 
 from .test_k8s_attribution import _config, _fallback_sample

@@ -50,7 +50,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "codec",
         Mutant(
             "codec-untyped-seq",
-            "src/gpu_exporter/forward/batch.py",
+            "src/gpu_exporter/payload/document.py",
             '    if not isinstance(value, list):\n        raise PayloadError(f"{where} must be an array, not {_jtype(value)}")\n'
             "    out: list[int] = []\n",
             "    out: list[int] = []\n",
@@ -59,7 +59,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "codec-second-order",
-            "src/gpu_exporter/forward/batch.py",
+            "src/gpu_exporter/payload/document.py",
             "        deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))\n",
             "        deltas = list(itertools.accumulate(deltas))\n",
             ("tests/test_forward_batch.py",),
@@ -67,7 +67,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "codec-reference-sign",
-            "src/gpu_exporter/forward/batch.py",
+            "src/gpu_exporter/payload/encode.py",
             '        if sign < 0:\n            ref["sign"] = -1\n',
             "",
             ("tests/test_forward_batch.py",),
@@ -75,7 +75,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "columns-empty-array",
-            "src/gpu_exporter/bridge/columns.py",
+            "src/gpu_exporter/payload/columns.py",
             "            if not col:\n                continue\n            form = col[0]\n",
             "            form = col[0]\n",
             ("tests/test_bridge_columns.py", "tests/test_bridge_fuzz.py"),
@@ -83,7 +83,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "columns-second-order",
-            "src/gpu_exporter/bridge/columns.py",
+            "src/gpu_exporter/payload/columns.py",
             "            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas\n",
             "            deltas = list(accumulate(deltas))\n",
             ("tests/test_bridge_columns.py",),
@@ -978,7 +978,7 @@ MUTANTS += (
         ),
         Mutant(
             "inflate-limit-max-payload-wins",
-            "src/gpu_exporter/bridge/columns.py",
+            "src/gpu_exporter/payload/columns.py",
             "    return min(max_bytes, max(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             "    return max(max_bytes, min(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             (f"{_BRIDGE_BOUNDS}::test_a_compression_bomb_stops_at_the_inflate_limit",),

@@ -36,9 +36,9 @@ from typing import Any
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.metrics import BridgeMetrics, NodeNames
 from gpu_exporter.forward import sendtime
+from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["POLICIES", "ClockGuard", "Stamp", "stamp_of"]
 

@@ -25,11 +25,11 @@ from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.bridge import labels
-from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.limits import SeriesBudget
 from gpu_exporter.bridge.remote_write import Series, encode_labels
 from gpu_exporter.bridge.values import COUNTER_KEYS, Counters, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
+from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 

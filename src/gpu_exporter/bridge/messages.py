@@ -6,12 +6,13 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 
-from gpu_exporter.bridge import columns, summaries
+from gpu_exporter import payload as codec
+from gpu_exporter.bridge import summaries
 from gpu_exporter.bridge.clock import Stamp
-from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.limits import RateLog
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness, NodeNames
-from gpu_exporter.forward import batch as codec
+from gpu_exporter.payload import columns
+from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["MAX_NODES", "MessageHandler", "Received"]
 
@@ -49,7 +50,7 @@ class MessageHandler:
             rest = topic[len(self._prefix) :]
             node, sep, _ = rest.rpartition("/")
             if sep and node:
-                return node if len(node) <= codec._MAX_TEXT else "_invalid"  # no payload names such a node
+                return node if len(node) <= codec.MAX_TEXT else "_invalid"  # no payload names such a node
         return "unknown"
 
     def decode(self, msg: Received) -> ColumnBatch | None:

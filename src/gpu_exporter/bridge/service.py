@@ -35,7 +35,6 @@ from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
-from gpu_exporter.bridge.columns import ColumnBatch
 from gpu_exporter.bridge.convert import Converted, Converter
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.inflight import Inflight
@@ -46,6 +45,7 @@ from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
 from gpu_exporter.bridge.twins import Twins
 from gpu_exporter.bridge.values import RESET_AFTER
+from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "max_packet_size", "parse_mqtt_url"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 import dataclasses
 
 from gpu_exporter import catalog
-from gpu_exporter.bridge.columns import ColumnBatch, ColumnDevice
 from gpu_exporter.model import SeriesKey
+from gpu_exporter.payload.columns import ColumnBatch, ColumnDevice
 
 __all__ = ["complete"]
 

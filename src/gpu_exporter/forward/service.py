@@ -39,15 +39,15 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 from gpu_exporter import catalog
 from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
-from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, verify
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget, publish_size
-from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Entry, Spool
 from gpu_exporter.forward.spool_metrics import SpoolCollector
 from gpu_exporter.forward.summary import EVENT_COUNTERS
 from gpu_exporter.forward.twins import TwinWatch
 from gpu_exporter.model import DeviceSample, Sample, SeriesKey
+from gpu_exporter.payload import Batch, PayloadError, decode, encode, verify
+from gpu_exporter.payload.split import split
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["EVENT_KEYS", "Forwarder", "has_event", "round_values"]

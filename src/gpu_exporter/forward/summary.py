@@ -17,8 +17,8 @@ import math
 from collections.abc import Callable, Sequence
 
 from gpu_exporter import catalog
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
+from gpu_exporter.payload import Batch, encode
 
 __all__ = ["COUNTERS", "EVENT_COUNTERS", "STATS", "Window", "encode_summary", "merge", "summarize"]
 

@@ -22,8 +22,8 @@ from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersi
 
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
-from gpu_exporter.forward.batch import Batch, PayloadError, decode
 from gpu_exporter.forward.mqtt import LinkSettings, read_password_bytes
+from gpu_exporter.payload import Batch, PayloadError, decode
 from gpu_exporter.units import parse_duration
 
 __all__ = ["lines", "main"]

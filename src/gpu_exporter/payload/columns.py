@@ -1,13 +1,13 @@
 """The payload codec's decode, columnar: what the bridge reads instead of per-sample objects.
 
-``gpu_exporter.forward.batch.decode`` builds a ``Sample`` with a dict of values per device per sample,
+``gpu_exporter.payload.decode`` builds a ``Sample`` with a dict of values per device per sample,
 which is what the exporter side needs. The bridge needs the opposite shape, one column per series, and
 the payload already is one. Reading the columns directly skips building and then taking apart ~90
 dict entries per GPU-sample, which is most of the bridge's CPU time.
 
 The same codec decides what is valid: this module calls the codec's own field validators and, for every
 column that is not a plain integer-delta column, the codec's own column decoder. tests/
-test_bridge_columns.py checks with hypothesis that ``read`` accepts exactly what ``batch.decode``
+test_bridge_columns.py checks with hypothesis that ``read`` accepts exactly what ``decode.decode``
 accepts and yields the same values, with one deliberate exception: text that has no UTF-8 form (a lone
 surrogate written as a JSON escape) is rejected here, because it could never be sent as a label.
 """
@@ -23,13 +23,18 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gpu_exporter.bridge.values import COUNTER_KEYS
-from gpu_exporter.forward import batch as codec
+from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, SeriesKey
+from gpu_exporter.payload import document, frame
+from gpu_exporter.payload.document import _DEVICE_KEYS, _column, _device_id, _header, _info, _keys
+from gpu_exporter.payload.frame import _gunzip, _is_zlib, _reject_constant
+from gpu_exporter.payload.types import _GZIP_MAGIC, _HAS_STEP, _SAFE_INT, DEFAULT_MAX_BYTES, MAX_SCALE, PayloadError
 
 __all__ = ["INFLATE_FLOOR", "INFLATE_RATIO", "ColumnBatch", "ColumnDevice", "inflate_limit", "read"]
 
-_SAFE = codec._SAFE_INT
+_SAFE = _SAFE_INT
+# the catalog's counters: the reader tells whether their columns go up within the batch
+_COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 # A compressed payload may inflate to INFLATE_FLOOR, or to INFLATE_RATIO times its own size, whichever is
 # more (and never beyond max_bytes); the inflater stops there, before the rest is materialised. Batches
 # inflate 3 to 8 times (simulated 8-GPU nodes); a batch of a whole day of idle readings, every value
@@ -66,27 +71,27 @@ class ColumnBatch:
     devices: list[ColumnDevice]
     summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
-    part: str = ""  # some devices or series of its samples only (forward/split.py): the part's name
+    part: str = ""  # some devices or series of its samples only (payload/split.py): the part's name
 
 
-def read(data: bytes, max_bytes: int = codec.DEFAULT_MAX_BYTES) -> ColumnBatch:
-    """The batch in ``data``, as columns. Raises codec.PayloadError, and only that, when invalid."""
+def read(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> ColumnBatch:
+    """The batch in ``data``, as columns. Raises PayloadError, and only that, when invalid."""
     try:
         return _read(data, max_bytes)
-    except codec.PayloadError:
+    except PayloadError:
         raise
     except Exception as exc:  # same promise as the codec: nothing else escapes
-        raise codec.PayloadError(f"invalid payload: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
 
 
 def _inflate(data: bytes, max_bytes: int) -> bytes:
     """The codec's bounded inflater (it stops one byte past the limit), with the ratio bound."""
     limit = inflate_limit(len(data), max_bytes)
     try:
-        return codec._gunzip(data, limit) if data[:2] == codec._GZIP_MAGIC else codec._inflate(data, limit)
-    except codec.PayloadError as exc:
+        return _gunzip(data, limit) if data[:2] == _GZIP_MAGIC else frame._inflate(data, limit)
+    except PayloadError as exc:
         if limit < max_bytes and "inflates beyond" in str(exc):
-            raise codec.PayloadError(
+            raise PayloadError(
                 f"payload inflates beyond {INFLATE_RATIO} times its {len(data)} bytes (limit {limit} bytes): "
                 "a compression bomb?"
             ) from None
@@ -104,8 +109,8 @@ def _parse(text: bytes) -> Any:
         try:
             return _orjson.loads(text)
         except _orjson.JSONDecodeError as exc:
-            raise codec.PayloadError(f"payload is not JSON: {' '.join(str(exc).split())[:200]}") from None
-    return json.loads(text.decode("utf-8"), parse_constant=codec._reject_constant)
+            raise PayloadError(f"payload is not JSON: {' '.join(str(exc).split())[:200]}") from None
+    return json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
 
 
 def inflate_limit(compressed: int, max_bytes: int) -> int:
@@ -115,66 +120,65 @@ def inflate_limit(compressed: int, max_bytes: int) -> int:
 
 def _read(data: bytes, max_bytes: int) -> ColumnBatch:
     if not isinstance(data, bytes | bytearray | memoryview):
-        raise codec.PayloadError(f"payload must be bytes, not {type(data).__name__}")
+        raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
     data = bytes(data)
     if len(data) > max_bytes:
-        raise codec.PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
-    if data[:2] == codec._GZIP_MAGIC or codec._is_zlib(data):
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    if data[:2] == _GZIP_MAGIC or _is_zlib(data):
         text = _inflate(data, max_bytes)
     elif data.lstrip(b" \t\r\n")[:1] == b"{":
         text = data
     elif not data:
-        raise codec.PayloadError("empty payload")
+        raise PayloadError("empty payload")
     else:
-        raise codec.PayloadError(f"not a batch payload: starts with {data[:8]!r}")
+        raise PayloadError(f"not a batch payload: starts with {data[:8]!r}")
     try:
         doc = _parse(text)
     except UnicodeDecodeError as exc:
-        raise codec.PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
+        raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
     except json.JSONDecodeError as exc:
-        raise codec.PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno}") from None
+        raise PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno}") from None
     except RecursionError:
-        raise codec.PayloadError("payload JSON is nested too deeply") from None
+        raise PayloadError("payload JSON is nested too deeply") from None
     return dataclasses.replace(from_document(doc), text_bytes=len(text))
 
 
 def from_document(doc: Any) -> ColumnBatch:
-    """The checks of ``batch.from_document``, in the same order, keeping the columns."""
-    c = codec
-    header = c._header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
+    """The checks of ``document.from_document``, in the same order, keeping the columns."""
+    header = _header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
     metrics, counters = _metrics(doc["metrics"], bool(header.summary_ms))
     raw_devices = doc["devices"]
     if not isinstance(raw_devices, list):
-        raise c.PayloadError("devices must be an array")
+        raise PayloadError("devices must be an array")
     devices: list[ColumnDevice] = []
     seen: set[DeviceId] = set()
     for d, raw in enumerate(raw_devices):
         where = f"devices[{d}]"
         if not isinstance(raw, dict):
-            raise c.PayloadError(f"{where} must be an object")
-        c._keys(where, raw, c._DEVICE_KEYS, {"id", "up", "columns"})
-        device = c._device_id(where, raw["id"])
+            raise PayloadError(f"{where} must be an object")
+        _keys(where, raw, _DEVICE_KEYS, {"id", "up", "columns"})
+        device = _device_id(where, raw["id"])
         if device in seen:
-            raise c.PayloadError(f"{where}: device {device.uuid} is listed twice")
+            raise PayloadError(f"{where}: device {device.uuid} is listed twice")
         seen.add(device)
-        info = c._info(where, raw.get("info", {}))
+        info = _info(where, raw.get("info", {}))
         up = raw["up"]
         if not isinstance(up, list) or len(up) != n:
-            raise c.PayloadError(f"{where}.up must be an array of {n} entries")
+            raise PayloadError(f"{where}.up must be an array of {n} entries")
         if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):
             for v in up:
                 if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
-                    raise c.PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
+                    raise PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
         cols = raw["columns"]
         if not isinstance(cols, list) or len(cols) != len(metrics):
-            raise c.PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
+            raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
         decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
-                    raise c.PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
+                    raise PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
     batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms, part=header.part)
     _check_encodable(batch)
@@ -197,8 +201,8 @@ def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[
             if i:
                 _LAYOUTS.insert(0, _LAYOUTS.pop(i))
             return metrics, counters
-    metrics = tuple(codec._metrics(raw, summary))
-    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in COUNTER_KEYS)
+    metrics = tuple(document._metrics(raw, summary))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in _COUNTER_KEYS)
     _LAYOUTS.insert(0, (summary, raw, metrics, counters))
     del _LAYOUTS[_MAX_LAYOUTS:]
     return metrics, counters
@@ -217,7 +221,7 @@ def _check_encodable(batch: ColumnBatch) -> None:
     try:
         "\0".join(texts).encode("utf-8")
     except UnicodeEncodeError as exc:
-        raise codec.PayloadError(f"payload text is not valid UTF-8 ({exc.reason})") from None
+        raise PayloadError(f"payload text is not valid UTF-8 ({exc.reason})") from None
 
 
 _INT = {int}
@@ -237,7 +241,7 @@ def _columns(
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
     plain: set[int] = set()  # plain-value columns decoded here
-    has_step = codec._HAS_STEP
+    has_step = _HAS_STEP
     v3 = version >= 3
     plain_len, stepped_len = n + 1, n + 2
     for j, col in enumerate(cols):
@@ -288,7 +292,7 @@ def _columns(
         if (
             len(col) == 1 + ("scale" in col) + ("step" in col) + ("order" in col and version >= 2)
             and type(scale) is int
-            and 0 <= scale <= codec.MAX_SCALE
+            and 0 <= scale <= MAX_SCALE
             and type(step) is int
             and 1 <= step < _SAFE
             and type(order) is int
@@ -332,7 +336,7 @@ def _columns(
         present = itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None)))
         left = sorted(set(present) - done)
     for j in left:
-        values = out[j] = codec._column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
+        values = out[j] = _column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
         nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
         gaps = gaps or None in values
         rising = rising and j not in counters

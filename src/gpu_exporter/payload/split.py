@@ -19,8 +19,9 @@ import hashlib
 import json
 from collections.abc import Callable, Sequence
 
-from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
+from gpu_exporter.payload.encode import encode
+from gpu_exporter.payload.types import Batch
 
 __all__ = ["Encoded", "Unfit", "part_name", "split"]
 

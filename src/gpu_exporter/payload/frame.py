@@ -1,0 +1,87 @@
+"""Framing: a payload's bytes (zlib with a preset dictionary, gzip, or plain) to its JSON document, with
+the size of the input and of the inflated text bounded. Every failure is a PayloadError."""
+
+from __future__ import annotations
+
+import json
+import zlib
+from typing import Any
+
+from gpu_exporter.payload._zdict import ZDICT, ZDICT_SUMMARY, ZDICT_V2
+from gpu_exporter.payload.types import _GZIP_MAGIC, PayloadError
+
+_ZDICTS = {
+    zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_SUMMARY, ZDICT_V2)
+}  # by the id a zlib header names
+
+
+def _one_line(text: str) -> str:
+    return " ".join(text.split())[:200]
+
+
+def _parse(data: bytes | bytearray | memoryview, max_bytes: int) -> Any:
+    if not isinstance(data, bytes | bytearray | memoryview):
+        raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
+    data = bytes(data)
+    if len(data) > max_bytes:
+        raise PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
+    if data[:2] == _GZIP_MAGIC:
+        text = _gunzip(data, max_bytes)
+    elif _is_zlib(data):
+        text = _inflate(data, max_bytes)
+    elif data.lstrip(b" \t\r\n")[:1] == b"{":
+        text = data
+    elif not data:
+        raise PayloadError("empty payload")
+    else:
+        raise PayloadError(f"not a batch payload: starts with {data[:8]!r} (expected zlib, gzip or '{{')")
+    try:
+        return json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
+    except UnicodeDecodeError as exc:
+        raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
+    except json.JSONDecodeError as exc:
+        raise PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from None
+    except RecursionError:
+        raise PayloadError("payload JSON is nested too deeply") from None
+
+
+def _gunzip(data: bytes, max_bytes: int) -> bytes:
+    return _finish(zlib.decompressobj(wbits=16 + zlib.MAX_WBITS), data, max_bytes, "gzip")
+
+
+def _is_zlib(data: bytes) -> bool:
+    """A zlib stream (RFC 1950) with a preset dictionary: deflate, a valid header check, FDICT set."""
+    return len(data) >= 2 and data[0] & 0x0F == 8 and data[0] >> 4 <= 7 and (data[0] << 8 | data[1]) % 31 == 0
+
+
+def _zlib_inflater(data: bytes) -> Any:
+    if not data[1] & 0x20:
+        raise PayloadError("zlib payload without the preset dictionary")
+    if len(data) < 6:
+        raise PayloadError("truncated zlib payload")
+    zdict = _ZDICTS.get(data[2:6])
+    if zdict is None:
+        raise PayloadError(f"zlib payload with an unknown preset dictionary (id {data[2:6].hex()})")
+    return zlib.decompressobj(wbits=zlib.MAX_WBITS, zdict=zdict)
+
+
+def _inflate(data: bytes, max_bytes: int) -> bytes:
+    return _finish(_zlib_inflater(data), data, max_bytes, "zlib")
+
+
+def _finish(inflater: Any, data: bytes, max_bytes: int, kind: str) -> bytes:
+    try:
+        text: bytes = inflater.decompress(data, max_bytes + 1)
+    except zlib.error as exc:
+        raise PayloadError(f"corrupt {kind} payload: {exc}") from None
+    if len(text) > max_bytes:
+        raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
+    if not inflater.eof:
+        raise PayloadError(f"truncated {kind} payload")
+    if inflater.unused_data:
+        raise PayloadError(f"trailing bytes after the {kind} payload")
+    return text
+
+
+def _reject_constant(name: str) -> Any:
+    raise PayloadError(f'payload uses the non-JSON number {name} (write "NaN", "+Inf" or "-Inf")')
