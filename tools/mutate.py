@@ -995,8 +995,8 @@ MUTANTS += (
         Mutant(
             "budget-fleet-never-counts",
             "src/gpu_exporter/bridge/limits.py",
-            "        state.cur.add(h)\n        self.total += 1\n",
-            "        state.cur.add(h)\n",
+            "        state.cur.insert(at, h)\n        self.total += 1\n",
+            "        state.cur.insert(at, h)\n",
             (f"{_BRIDGE_LIMITS}::test_the_fleet_budget_caps_every_node_together_and_frees_what_went_quiet",),
             "new series are not counted against the fleet budget: a flood over many names has no fleet cap",
         ),
