@@ -536,7 +536,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "jetson-returning-pid-skipped",
-            "src/gpu_exporter/backends/jetson_procs.py",
+            "src/gpu_exporter/backends/jetson/procs.py",
             "        self._quiet = quiet  # exited PIDs drop out\n",
             "        self._quiet.update(quiet)  # exited PIDs drop out\n",
             ("tests/test_k8s_identity.py::test_a_jetson_pid_that_comes_back_holding_the_gpu_is_seen_at_once",),

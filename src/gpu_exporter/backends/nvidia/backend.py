@@ -6,7 +6,7 @@ is reported ``up=False`` and retried with exponential backoff while the other GP
 XID errors arrive on a thread of their own that waits on NVML events.
 
 The library module is a constructor argument: production passes ``pynvml``, the simulated backend
-passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injected.
+passes ``backends.fake.backend.SimNvml``, and tests pass a simulator with faults injected.
 """
 
 from __future__ import annotations
@@ -22,16 +22,16 @@ from typing import Any
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
-from gpu_exporter.backends.nvml_library import import_pynvml, init_message
-from gpu_exporter.backends.nvml_slow import SlowCalls
-from gpu_exporter.backends.nvml_violation import read_violations
-from gpu_exporter.backends.nvml_xid import XidEvents
+from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
+from gpu_exporter.backends.nvidia.slow import SlowCalls
+from gpu_exporter.backends.nvidia.violation import read_violations
+from gpu_exporter.backends.nvidia.xid import XidEvents
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["CRITICAL_XIDS", "NvmlBackend", "create"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpu_exporter.backends.nvml")  # the name its log lines have always had
 
 # XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
 # occurrence is an increase that alerts can see.
@@ -213,7 +213,7 @@ class NvmlBackend:
 
         ``label`` names the call in error counts and caches when one function has two variants;
         ``variant`` tells apart uses of one function whose support differs per device. While reading,
-        a call is timed; one slower than the budget is started early in later cycles (nvml_slow.py).
+        a call is timed; one slower than the budget is started early in later cycles (nvidia/slow.py).
         """
         fn = getattr(self._nv, name)
         named = label or name
