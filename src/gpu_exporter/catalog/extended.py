@@ -25,6 +25,7 @@ METRICS: tuple[Metric, ...] = (
         {"type": "uncorrected", "scope": "volatile"},
         dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
         dcgm_type="counter",
+        event=True,
     ),
     entry(
         "ecc_corrected_aggregate",
@@ -45,6 +46,7 @@ METRICS: tuple[Metric, ...] = (
         {"type": "uncorrected", "scope": "aggregate"},
         dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
         dcgm_type="counter",
+        event=True,
     ),
     entry(
         "remapped_rows_correctable",
@@ -65,6 +67,7 @@ METRICS: tuple[Metric, ...] = (
         {"type": "uncorrectable"},
         dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
         dcgm_type="counter",
+        event=True,
     ),
     entry(
         "remapped_rows_pending",
@@ -80,6 +83,7 @@ METRICS: tuple[Metric, ...] = (
         "1 when a row remapping has failed (the GPU needs service).",
         "ecc",
         dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",
+        event=True,
     ),
     entry(
         "retired_pages_sbe",
@@ -193,6 +197,7 @@ METRICS: tuple[Metric, ...] = (
         "XID errors reported by the driver since the agent started, by XID code.",
         "xid",
         labels=("xid",),
+        event=True,
     ),
     # per-pod attribution (k8s/): produced by the attributor, forwarded with the device's values
     entry(

@@ -34,6 +34,9 @@ class Metric:
     dcgm: str = ""  # dcgm-exporter's field name for the same quantity, if it has one
     dcgm_scale: float = 1.0  # multiply our base-unit value by this to get DCGM's unit
     dcgm_type: MetricType | None = None
+    # an alert waits for it: a change closes the agent's open batch at once, and every summary carries
+    # it whatever the link (forward/summary.py)
+    event: bool = False
 
 
 def entry(
@@ -47,8 +50,10 @@ def entry(
     dcgm: str = "",
     scale: float = 1.0,
     dcgm_type: MetricType | None = None,
+    event: bool = False,
 ) -> Metric:
-    return Metric(key, name, type_, help_, group, tuple((const or {}).items()), labels, dcgm, scale, dcgm_type)
+    const_labels = tuple((const or {}).items())
+    return Metric(key, name, type_, help_, group, const_labels, labels, dcgm, scale, dcgm_type, event)
 
 
 TEMP_HELP = "Temperature in degrees Celsius, by sensor."

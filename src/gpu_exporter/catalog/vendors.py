@@ -54,6 +54,7 @@ METRICS: tuple[Metric, ...] = (
         "ecc",
         {"type": "uncorrected"},
         labels=("block",),
+        event=True,
     ),
     entry(
         "board_power",
