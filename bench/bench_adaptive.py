@@ -46,8 +46,8 @@ from tests.test_forward_weak_link import Sampler  # noqa: E402
 from tests.tsdb import MosquittoServer, VictoriaMetricsServer, wait_until  # noqa: E402
 
 from gpu_exporter import config as cfg  # noqa: E402
-from gpu_exporter.backends.fake import SimNvml  # noqa: E402
-from gpu_exporter.backends.nvml import NvmlBackend  # noqa: E402
+from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402
+from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
 from gpu_exporter.forward.adaptive import COARSE_SECONDS, Adaptive  # noqa: E402
 from gpu_exporter.forward.link_meter import LinkMeter  # noqa: E402
 from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402

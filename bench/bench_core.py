@@ -35,8 +35,8 @@ from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.core import Metric  # noqa: E402
 
 from gpu_exporter import catalog  # noqa: E402
-from gpu_exporter.backends.fake import SimNvml  # noqa: E402
-from gpu_exporter.backends.nvml import NvmlBackend  # noqa: E402
+from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402
+from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
 from gpu_exporter.config import Config  # noqa: E402
 from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.model import Sample  # noqa: E402

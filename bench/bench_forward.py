@@ -35,8 +35,8 @@ from paho.mqtt.enums import CallbackAPIVersion  # noqa: E402
 from prometheus_client import CollectorRegistry  # noqa: E402
 
 from gpu_exporter import config as cfg  # noqa: E402
-from gpu_exporter.backends.fake import SimNvml  # noqa: E402
-from gpu_exporter.backends.nvml import NvmlBackend  # noqa: E402
+from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402
+from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
 from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402
 from gpu_exporter.forward.spool import Spool  # noqa: E402

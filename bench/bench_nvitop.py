@@ -4,7 +4,7 @@ nvitop-exporter is installed from PyPI with pip into its own virtual environment
 default ~/.cache/gpu-exporter-bench/nvitop-exporter-<version>), never into this project's environment.
 It reads NVML through nvidia-ml-py (``pynvml``), and there is no NVIDIA driver here: a small launcher
 replaces pynvml's device and system functions with the simulator this project tests with
-(``gpu_exporter.backends.fake.SimNvml``) before nvitop imports it, so both exporters read the same
+(``gpu_exporter.backends.fake.backend.SimNvml``) before nvitop imports it, so both exporters read the same
 simulated devices and values. A function the simulator lacks raises NVMLError_NotSupported (nvitop shows
 N/A). nvitop looks up its process-listing functions as C function pointers, which a Python simulator
 cannot provide: its per-process series are absent, while this exporter's are served. nvitop-exporter
@@ -41,7 +41,7 @@ import sys
 
 import pynvml
 
-from gpu_exporter.backends.fake import SimNvml
+from gpu_exporter.backends.fake.backend import SimNvml
 
 sim = SimNvml(gpus=int(sys.argv[1]), mig=int(sys.argv[2]))
 

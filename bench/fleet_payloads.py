@@ -28,8 +28,8 @@ from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.forward.service import round_values
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.payload import Batch, to_document
@@ -42,7 +42,7 @@ LEVEL = 9  # payload.encode's default, as the forwarder spools a closed batch
 
 
 def device_uuid(node: int, gpu: int) -> str:
-    """The simulator's UUID pattern (backends/fake.py) with the node's index as the seed: unique per node."""
+    """The simulator's UUID pattern (backends/fake/backend.py) with the node's index as the seed: unique per node."""
     return f"GPU-{node:08x}-{gpu:04x}-4000-8000-0000000000{gpu:02x}"
 
 

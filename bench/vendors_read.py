@@ -16,7 +16,8 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x  # noqa: E402
 
-from gpu_exporter.backends import amd, jetson  # noqa: E402
+from gpu_exporter.backends.amd import backend as amd  # noqa: E402
+from gpu_exporter.backends.jetson import backend as jetson  # noqa: E402
 from gpu_exporter.config import Config  # noqa: E402
 
 RUNS = 7

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.backends import amd
+from gpu_exporter.backends.amd import backend as amd
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.config import Config
 
@@ -47,7 +47,7 @@ def scalar(sample, key, labels=()):
 def open_amd_in_child(pythonpath: str, **env: str) -> list[str]:
     """The lines a fresh interpreter prints when it opens the AMD backend (``ERR <message>`` on failure)."""
     code = (
-        "from gpu_exporter.backends import amd\n"
+        "from gpu_exporter.backends.amd import backend as amd\n"
         "from gpu_exporter.backends.base import BackendError\n"
         "from gpu_exporter.config import Config\n"
         "try:\n"

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.backends import amd
+from gpu_exporter.backends.amd import backend as amd
 
 from .fakes import fake_amdsmi
 from .fakes.fake_amdsmi import FakeAmdSmi

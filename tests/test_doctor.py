@@ -9,7 +9,7 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_exporter.backends.fake import SimNvml
+from gpu_exporter.backends.fake.backend import SimNvml
 from gpu_exporter.config import Config
 from gpu_exporter.doctor import broker as broker_checks
 from gpu_exporter.doctor import checks

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer, native_view, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample

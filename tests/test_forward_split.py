@@ -15,8 +15,8 @@ import pytest
 
 from gpu_exporter import config as cfg
 from gpu_exporter import payload as codec
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.service import _stream
 from gpu_exporter.forward.service import round_values

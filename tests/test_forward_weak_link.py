@@ -25,8 +25,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter import config as cfg
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer

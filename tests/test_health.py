@@ -7,10 +7,10 @@ import time
 import pynvml
 import pytest
 
-from gpu_exporter.backends import amd
-from gpu_exporter.backends.fake import SimNvml
+from gpu_exporter.backends.amd import backend as amd
+from gpu_exporter.backends.fake.backend import SimNvml
 from gpu_exporter.backends.health import FAILURE, OK, WARNING, XID_HOLD_SECONDS, HealthTracker
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 

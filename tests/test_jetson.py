@@ -9,8 +9,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.backends import jetson
 from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.backends.jetson import backend as jetson
 from gpu_exporter.config import Config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "jetson"

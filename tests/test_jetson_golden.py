@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter import catalog
-from gpu_exporter.backends import amd, jetson
+from gpu_exporter.backends.amd import backend as amd
+from gpu_exporter.backends.jetson import backend as jetson
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import native_view, render
 from gpu_exporter.model import Sample

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.backends import jetson
 from gpu_exporter.backends.base import NoDevicesError
+from gpu_exporter.backends.jetson import backend as jetson
 from gpu_exporter.config import Config
 
 FIXTURES = Path(__file__).parent / "fixtures" / "jetson"

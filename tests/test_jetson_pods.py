@@ -14,7 +14,8 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from gpu_exporter.backends import jetson, jetson_procs
+from gpu_exporter.backends.jetson import backend as jetson
+from gpu_exporter.backends.jetson import procs as jetson_procs
 from gpu_exporter.config import Config
 from gpu_exporter.k8s import PodAttributor
 from gpu_exporter.model import Sample

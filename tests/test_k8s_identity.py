@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.backends import jetson_procs
+from gpu_exporter.backends.jetson import procs as jetson_procs
 from gpu_exporter.config import Config
 from gpu_exporter.k8s import PodAttributor
 from gpu_exporter.k8s.podresources import device_matches

@@ -10,8 +10,8 @@ import pynvml
 import pytest
 
 from gpu_exporter.backends.base import BackendError, NoDevicesError
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import CRITICAL_XIDS, NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import CRITICAL_XIDS, NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 

@@ -20,9 +20,9 @@ from pathlib import Path
 import pynvml
 import pytest
 
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
-from gpu_exporter.backends.nvml_slow import SlowCalls
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
+from gpu_exporter.backends.nvidia.slow import SlowCalls
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 
@@ -144,7 +144,7 @@ def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
 
 
 def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
-    from gpu_exporter.backends import fake
+    from gpu_exporter.backends.fake import backend as fake
     from gpu_exporter.config import OPTIONS
 
     option = next(o for o in OPTIONS if o.name == "fake.pcie-call-duration")

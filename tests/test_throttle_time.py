@@ -6,9 +6,9 @@ import pynvml
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from gpu_exporter.backends import amd
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.amd import backend as amd
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import render
 from gpu_exporter.model import DeviceSample, Sample

@@ -13,8 +13,8 @@ from types import ModuleType
 
 import pynvml
 
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.config import Config
 
 PCIE = "nvmlDeviceGetPcieThroughput"

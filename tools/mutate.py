@@ -143,23 +143,40 @@ MUTANTS: tuple[Mutant, ...] = (
             ("tests/test_forward_paths.py",),
             "a batch closes one sample after --mqtt.batch-max-samples",
         ),
-        # the six kinds of change that close the open batch at once (an alert waits for them)
+        # the six kinds of change that close the open batch at once (an alert waits for them): the
+        # catalog's event flag, which forward/summary.py's EVENT_COUNTERS (service.py's EVENT_KEYS) reads
         *(
             Mutant(
                 f"forwarder-event-{key}",
-                "src/gpu_exporter/forward/summary.py",  # EVENT_COUNTERS, which service.py's EVENT_KEYS is
-                f'        "{key}",\n',
-                "",
+                f"src/gpu_exporter/catalog/{module}",
+                f"{context}        event=True,\n",
+                context,
                 ("tests/test_batch_events.py",),
                 f"a change of {key} no longer closes the batch at once: its alert waits for the batch interval",
             )
-            for key in (
-                "xid_errors",
-                "ecc_uncorrected_volatile",
-                "ecc_uncorrected_aggregate",
-                "ecc_block_uncorrected",
-                "remapped_rows_uncorrectable",
-                "remapped_rows_failure",
+            for key, module, context in (
+                ("xid_errors", "extended.py", '        labels=("xid",),\n'),
+                (
+                    "ecc_uncorrected_volatile",
+                    "extended.py",
+                    '        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",\n        dcgm_type="counter",\n',
+                ),
+                (
+                    "ecc_uncorrected_aggregate",
+                    "extended.py",
+                    '        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",\n        dcgm_type="counter",\n',
+                ),
+                (
+                    "ecc_block_uncorrected",
+                    "vendors.py",
+                    '        {"type": "uncorrected"},\n        labels=("block",),\n',
+                ),
+                (
+                    "remapped_rows_uncorrectable",
+                    "extended.py",
+                    '        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",\n        dcgm_type="counter",\n',
+                ),
+                ("remapped_rows_failure", "extended.py", '        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",\n'),
             )
         ),
     ),
@@ -536,7 +553,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "jetson-returning-pid-skipped",
-            "src/gpu_exporter/backends/jetson_procs.py",
+            "src/gpu_exporter/backends/jetson/procs.py",
             "        self._quiet = quiet  # exited PIDs drop out\n",
             "        self._quiet.update(quiet)  # exited PIDs drop out\n",
             ("tests/test_k8s_identity.py::test_a_jetson_pid_that_comes_back_holding_the_gpu_is_seen_at_once",),

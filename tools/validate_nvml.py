@@ -31,9 +31,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "src"))
 
-from gpu_exporter.backends.nvml import NvmlBackend  # noqa: E402
-from gpu_exporter.backends.nvml_library import import_pynvml  # noqa: E402
-from gpu_exporter.backends.nvml_violation import VIOLATION_POLICIES  # noqa: E402
+from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
+from gpu_exporter.backends.nvidia.library import import_pynvml  # noqa: E402
+from gpu_exporter.backends.nvidia.violation import VIOLATION_POLICIES  # noqa: E402
 from gpu_exporter.config import Config  # noqa: E402
 from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.model import DeviceSample, Sample  # noqa: E402

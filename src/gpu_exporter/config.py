@@ -21,12 +21,13 @@ if TYPE_CHECKING:
     import ssl
 
 from gpu_exporter import catalog
+from gpu_exporter.backends import registry
 from gpu_exporter.units import format_duration, parse_duration, parse_size
 
 __all__ = ["OPTIONS", "Config", "ConfigError", "Option", "env_name", "load"]
 
 ENV_PREFIX = "GPU_EXPORTER_"
-VENDORS = ("auto", "nvidia", "amd", "jetson", "fake")
+VENDORS = ("auto", *registry.vendors())
 
 
 class ConfigError(ValueError):

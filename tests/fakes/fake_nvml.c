@@ -9,7 +9,7 @@
  * DRIVER_NOT_LOADED without nvidiactl and NO_PERMISSION when it cannot be opened read-write, and the
  * GPUs are the nvidia<N> nodes present. The nodes are looked for in /dev, or in $FAKE_NVML_DEV_DIR.
  *
- * Readings are those of the Python simulator (gpu_exporter.backends.fake.SimNvml) at a frozen moment,
+ * Readings are those of the Python simulator (gpu_exporter.backends.fake.backend.SimNvml) at a frozen moment,
  * computed with the same formulas in the same order, so one scenario gives the same values through both
  * (tests/test_nvml_fidelity.py holds them to it). The scenario is read from the environment at each
  * nvmlInit; names are the library's exported symbols:

@@ -21,7 +21,7 @@ from typing import Any
 
 import pynvml
 
-from gpu_exporter.backends.fake import SimNvml
+from gpu_exporter.backends.fake.backend import SimNvml
 
 __all__ = ["LIBRARY", "Scenario", "build", "device_nodes", "run_real"]
 

@@ -23,8 +23,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from gpu_exporter.backends.fake import SimNvml
-from gpu_exporter.backends.nvml import NvmlBackend
+from gpu_exporter.backends.fake.backend import SimNvml
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 

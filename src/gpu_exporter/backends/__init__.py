@@ -1,1 +1,1 @@
-"""GPU backends: one module per vendor library, behind the small protocol in ``base``."""
+"""GPU backends: one package per vendor (registering itself in ``registry``), behind the protocol in ``base``."""

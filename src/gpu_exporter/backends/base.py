@@ -1,4 +1,4 @@
-"""The backend protocol, the errors a backend may raise, and the vendor registry.
+"""The backend protocol, the errors a backend may raise, and opening the vendors asked for.
 
 A backend is the only code that calls a vendor library. ``read()`` never raises for a problem with one
 value or one device: it reports what it could read, marks lost devices ``up=False`` and counts failed
@@ -13,6 +13,7 @@ from collections import Counter
 from collections.abc import Callable
 from typing import Protocol
 
+from gpu_exporter.backends import registry
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceSample
 
@@ -44,25 +45,13 @@ class Backend(Protocol):
 
 Factory = Callable[[Config], Backend]
 
-# vendor -> "module:function" building the backend; imported lazily so that a missing vendor
-# library only matters for the vendor asked for.
-_REGISTRY: dict[str, str] = {
-    "nvidia": "gpu_exporter.backends.nvml:create",
-    "amd": "gpu_exporter.backends.amd:create",
-    "jetson": "gpu_exporter.backends.jetson:create",
-    "fake": "gpu_exporter.backends.fake:create",
-}
-
 _NOT_YET: dict[str, str] = {}  # vendor -> library, for a vendor whose backend is not written yet
-
-# vendors tried by --gpu-vendor=auto, in order; a node with several vendors runs them all
-AUTO_ORDER: tuple[str, ...] = ("nvidia", "amd", "jetson")
 
 
 def _factory(vendor: str) -> Factory:
     if vendor in _NOT_YET:
         raise BackendError(f"--gpu-vendor={vendor}: the {_NOT_YET[vendor]} backend is not available yet")
-    module_name, _, attr = _REGISTRY[vendor].partition(":")
+    module_name, _, attr = registry.vendor(vendor).factory.partition(":")
     factory: Factory = getattr(importlib.import_module(module_name), attr)
     return factory
 
@@ -84,7 +73,7 @@ def detect(config: Config) -> list[Backend]:
     """
     found: list[Backend] = []
     reasons: list[str] = []
-    for vendor in AUTO_ORDER:
+    for vendor in registry.auto_order():
         try:
             backend = _factory(vendor)(config)
             backend.open()

@@ -60,11 +60,11 @@ def _library(node: Node, vendor: str) -> Result:
     backend: Any
     try:
         if vendor == "nvidia":
-            from gpu_exporter.backends.nvml import NvmlBackend
+            from gpu_exporter.backends.nvidia.backend import NvmlBackend
 
             backend = NvmlBackend(node.config, nvml=node.nvml)
         else:
-            from gpu_exporter.backends.amd import AmdBackend
+            from gpu_exporter.backends.amd.backend import AmdBackend
 
             backend = AmdBackend(node.config, node.amdsmi)
         backend.open()
@@ -170,7 +170,7 @@ def nvidia_runtime(node: Node) -> Result:
 
 def jetson_sysfs(node: Node) -> Result:
     """On a Jetson, the GPU's devfreq node is reachable under --path.sysfs."""
-    from gpu_exporter.backends.jetson import find_gpu
+    from gpu_exporter.backends.jetson.backend import find_gpu
 
     name = "jetson-sysfs"
     if not node.wants("jetson"):

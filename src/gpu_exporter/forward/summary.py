@@ -24,18 +24,9 @@ __all__ = ["COUNTERS", "EVENT_COUNTERS", "STATS", "Window", "encode_summary", "m
 
 STATS = ("min", "max", "mean", "last")
 COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
-# Counters an alert waits for: in every summary whatever the link, and a change of one closes the open
-# batch at once (forward/service.py's EVENT_KEYS).
-EVENT_COUNTERS = frozenset(
-    (
-        "xid_errors",
-        "ecc_uncorrected_volatile",
-        "ecc_uncorrected_aggregate",
-        "ecc_block_uncorrected",
-        "remapped_rows_uncorrectable",
-        "remapped_rows_failure",
-    )
-)
+# Counters an alert waits for (the catalog's ``event`` flag): in every summary whatever the link, and a
+# change of one closes the open batch at once (forward/service.py's EVENT_KEYS).
+EVENT_COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.event)
 
 
 class _Stats:

@@ -23,14 +23,14 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
-from gpu_exporter.backends import jetson_procs
 from gpu_exporter.backends.base import BackendError, NoDevicesError
+from gpu_exporter.backends.jetson import procs as jetson_procs
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["JetsonBackend", "create", "find_gpu"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpu_exporter.backends.jetson")  # the name its log lines have always had
 
 # device-tree node names of Jetson GPUs: gm20b (Nano, TX1), gp10b (TX2), gv11b (Xavier), ga10b (Orin)
 CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})

@@ -1,4 +1,4 @@
-"""The simulator's throttle counters and per-call cost (mixed into ``backends.fake.SimNvml``).
+"""The simulator's throttle counters and per-call cost (mixed into ``backends.fake.backend.SimNvml``).
 
 Throttle time: each simulated GPU is held back by each cause for a configurable share of the time
 (``throttle={NVML_PERF_POLICY_*: share}``), so ``nvmlDeviceGetViolationStatus`` reports nanoseconds

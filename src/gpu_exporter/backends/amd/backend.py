@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
-from gpu_exporter.backends.amd_violation import ViolationTime
+from gpu_exporter.backends.amd.violation import ViolationTime
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
 from gpu_exporter.config import Config
@@ -32,7 +32,7 @@ from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["AmdBackend", "create"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpu_exporter.backends.amd")  # the name its log lines have always had
 
 # amdsmi_status_t codes from amdsmi.h (stable ABI values; the package does not re-export them)
 STATUS_NOT_SUPPORTED = 2

@@ -6,32 +6,43 @@ is reported ``up=False`` and retried with exponential backoff while the other GP
 XID errors arrive on a thread of their own that waits on NVML events.
 
 The library module is a constructor argument: production passes ``pynvml``, the simulated backend
-passes ``backends.fake.SimNvml``, and tests pass a simulator with faults injected.
+passes ``backends.fake.backend.SimNvml``, and tests pass a simulator with faults injected.
+What is kept per device is in ``devices``; the readings that take several calls are in ``groups``.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import re
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from typing import Any
 
-from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
+from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
-from gpu_exporter.backends.nvml_library import import_pynvml, init_message
-from gpu_exporter.backends.nvml_slow import SlowCalls
-from gpu_exporter.backends.nvml_violation import read_violations
-from gpu_exporter.backends.nvml_xid import XidEvents
+from gpu_exporter.backends.nvidia import groups
+from gpu_exporter.backends.nvidia.devices import (
+    CLOCKS,
+    FI_MEMORY_TEMP,
+    FI_NVLINK_LINK_COUNT,
+    FI_NVLINK_RX,
+    FI_NVLINK_TX,
+    MIG_PROFILE,
+    Device,
+    Mig,
+    text,
+)
+from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
+from gpu_exporter.backends.nvidia.slow import SlowCalls
+from gpu_exporter.backends.nvidia.violation import read_violations
+from gpu_exporter.backends.nvidia.xid import XidEvents
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["CRITICAL_XIDS", "NvmlBackend", "create"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpu_exporter.backends.nvml")  # the name its log lines have always had
 
 # XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
 # occurrence is an increase that alerts can see.
@@ -48,55 +59,6 @@ CLOCK_EVENT_REASONS = (
     (0x40, "hw_thermal_slowdown"),
     (0x80, "hw_power_brake_slowdown"),
 )
-
-_CLOCKS = (("graphics", 0), ("sm", 1), ("memory", 2), ("video", 3))  # NVML_CLOCK_* values
-_GPM_METRICS = (  # (NVML_GPM_METRIC_* id, catalog key)
-    (2, "sm_active"),
-    (3, "sm_occupancy"),
-    (5, "tensor_active"),
-    (10, "dram_active"),
-    (11, "fp64_active"),
-    (12, "fp32_active"),
-    (13, "fp16_active"),
-)
-_FI_MEMORY_TEMP = 82
-_FI_NVLINK_LINK_COUNT = 91
-_FI_NVLINK_TX = 138
-_FI_NVLINK_RX = 139
-_MIG_PROFILE = re.compile(r"(\d+g\.\d+gb(?:\+\w+)?)", re.IGNORECASE)
-
-
-def _text(value: Any) -> str:
-    if isinstance(value, bytes):
-        return value.decode("utf-8", "replace")
-    return str(value)
-
-
-@dataclass
-class _Mig:
-    handle: Any
-    id: DeviceId
-    scope: str  # key for the "not supported" cache and logs, e.g. "0/mig3"
-
-
-@dataclass
-class _Device:
-    index: int
-    handle: Any = None
-    id: DeviceId = field(default_factory=lambda: DeviceId("", ""))
-    info: dict[str, str] = field(default_factory=dict)
-    static: dict[SeriesKey, float] = field(default_factory=dict)  # values read once (max clocks)
-    live: Liveness = field(default_factory=Liveness)
-    migs: list[_Mig] = field(default_factory=list)
-    nvlinks: int = 0
-    gpm: bool = False
-    gpm_samples: list[Any] = field(default_factory=list)
-    gpm_primed: bool = False
-    last_process_ts: int = 0
-
-    @property
-    def scope(self) -> str:
-        return str(self.index)
 
 
 class NvmlBackend:
@@ -124,7 +86,7 @@ class NvmlBackend:
         self.errors = self._calls.errors
         self._backoff = Backoff(log, retry_initial, clock)
         self._clock = clock
-        self._devices: list[_Device] = []
+        self._devices: list[Device] = []
         self._driver = ""
         self._cuda = ""
         self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
@@ -147,7 +109,7 @@ class NvmlBackend:
         self._opened = True
         try:
             count = int(nv.nvmlDeviceGetCount())
-            self._driver = _text(nv.nvmlSystemGetDriverVersion())
+            self._driver = text(nv.nvmlSystemGetDriverVersion())
         except nv.NVMLError as exc:
             self.close()
             raise BackendError(f"NVML cannot list devices: {exc}") from None
@@ -160,7 +122,7 @@ class NvmlBackend:
         except nv.NVMLError:
             self._cuda = ""
         for index in range(count):
-            device = _Device(index=index, id=DeviceId(str(index), ""))
+            device = Device(index=index, id=DeviceId(str(index), ""))
             try:
                 self._attach(device)
                 device.live.up = True
@@ -207,13 +169,13 @@ class NvmlBackend:
     # -- calls -----------------------------------------------------------------------------------
 
     def _call(
-        self, device: _Device | _Mig, name: str, *args: Any, label: str = "", variant: str = "", **kwargs: Any
+        self, device: Device | Mig, name: str, *args: Any, label: str = "", variant: str = "", **kwargs: Any
     ) -> Any:
         """Call ``nvml.<name>``; None when the value is unavailable. Raises Lost.
 
         ``label`` names the call in error counts and caches when one function has two variants;
         ``variant`` tells apart uses of one function whose support differs per device. While reading,
-        a call is timed; one slower than the budget is started early in later cycles (nvml_slow.py).
+        a call is timed; one slower than the budget is started early in later cycles (nvidia/slow.py).
         """
         fn = getattr(self._nv, name)
         named = label or name
@@ -238,7 +200,7 @@ class NvmlBackend:
 
     def _scalar(
         self,
-        device: _Device,
+        device: Device,
         v: dict[SeriesKey, float],
         key: str,
         scale: float,
@@ -272,7 +234,7 @@ class NvmlBackend:
             return Fault.EMPTY  # nothing to report right now (no process samples yet)
         return Fault.ERROR
 
-    def _try(self, device: _Device, name: str, *args: Any) -> Any:
+    def _try(self, device: Device, name: str, *args: Any) -> Any:
         """Like _call, for paths where a lost device is not news (cleanup, discovery extras)."""
         try:
             return self._call(device, name, *args)
@@ -281,7 +243,7 @@ class NvmlBackend:
 
     # -- discovery -------------------------------------------------------------------------------
 
-    def _attach(self, device: _Device) -> None:
+    def _attach(self, device: Device) -> None:
         """Get the handle and everything that does not change while the driver stays loaded."""
         nv = self._nv
         index = device.index
@@ -289,16 +251,16 @@ class NvmlBackend:
         if handle is None:
             raise Lost("no handle")
         device.handle = handle
-        uuid = _text(self._call(device, "nvmlDeviceGetUUID", handle) or "")
+        uuid = text(self._call(device, "nvmlDeviceGetUUID", handle) or "")
         if not uuid:
             raise Lost("no UUID")
         device.id = DeviceId(str(index), uuid)
         pci = self._call(device, "nvmlDeviceGetPciInfo", handle)
         minor = self._call(device, "nvmlDeviceGetMinorNumber", handle)
         info = {
-            "name": _text(self._call(device, "nvmlDeviceGetName", handle) or ""),
-            "serial": _text(self._call(device, "nvmlDeviceGetSerial", handle) or ""),
-            "pci_bus_id": _text(pci.busId) if pci is not None else "",
+            "name": text(self._call(device, "nvmlDeviceGetName", handle) or ""),
+            "serial": text(self._call(device, "nvmlDeviceGetSerial", handle) or ""),
+            "pci_bus_id": text(pci.busId) if pci is not None else "",
             "device": f"nvidia{minor}" if minor is not None else "",
             "driver_version": self._driver,
             "cuda_version": self._cuda,
@@ -307,13 +269,13 @@ class NvmlBackend:
         device.info = {k: v for k, v in info.items() if v}
         device.static = {}
         if self._config.collector_enabled("clocks"):
-            for clock, clock_id in _CLOCKS:
+            for clock, clock_id in CLOCKS:
                 mhz = self._call(device, "nvmlDeviceGetMaxClockInfo", handle, clock_id)
                 if mhz:
                     device.static[(f"clock_max_{clock}", ())] = mhz * 1e6
         if self._config.collector_enabled("nvlink"):
-            values = self._field_values(device, [_FI_NVLINK_LINK_COUNT])
-            device.nvlinks = int(values.get((_FI_NVLINK_LINK_COUNT, 0), 0))
+            values = groups.field_values(self._call, device, [FI_NVLINK_LINK_COUNT])
+            device.nvlinks = int(values.get((FI_NVLINK_LINK_COUNT, 0), 0))
         if self._config.collector_enabled("gpm") and not device.gpm_samples:
             support = self._call(device, "nvmlGpmQueryDeviceSupport", handle)
             if support is not None and support.isSupportedDevice:
@@ -325,24 +287,24 @@ class NvmlBackend:
         device.gpm_primed = False
         device.migs = self._discover_migs(device) if nv is not None else []
 
-    def _discover_migs(self, device: _Device) -> list[_Mig]:
+    def _discover_migs(self, device: Device) -> list[Mig]:
         if not self._config.collector_enabled("mig"):
             return []
         mode = self._call(device, "nvmlDeviceGetMigMode", device.handle)
         if not mode or int(mode[0]) != 1:
             return []
         slots = int(self._call(device, "nvmlDeviceGetMaxMigDeviceCount", device.handle) or 0)
-        migs: list[_Mig] = []
+        migs: list[Mig] = []
         for slot in range(slots):
             try:
                 handle = self._nv.nvmlDeviceGetMigDeviceHandleByIndex(device.handle, slot)
             except self._nv.NVMLError:
                 continue  # empty slot
-            uuid = _text(self._try(device, "nvmlDeviceGetUUID", handle) or "")
+            uuid = text(self._try(device, "nvmlDeviceGetUUID", handle) or "")
             gi = self._try(device, "nvmlDeviceGetGpuInstanceId", handle)
             ci = self._try(device, "nvmlDeviceGetComputeInstanceId", handle)
-            name = _text(self._try(device, "nvmlDeviceGetName", handle) or "")
-            match = _MIG_PROFILE.search(name)
+            name = text(self._try(device, "nvmlDeviceGetName", handle) or "")
+            match = MIG_PROFILE.search(name)
             mig_id = DeviceId(
                 gpu=device.id.gpu,
                 uuid=uuid,
@@ -351,7 +313,7 @@ class NvmlBackend:
                 mig_profile=match.group(1) if match else "",
                 parent_uuid=device.id.uuid,
             )
-            migs.append(_Mig(handle, mig_id, f"{device.index}/mig{slot}"))
+            migs.append(Mig(handle, mig_id, f"{device.index}/mig{slot}"))
         return migs
 
     # -- reading ---------------------------------------------------------------------------------
@@ -361,7 +323,7 @@ class NvmlBackend:
         now = self._clock()
         up = {d.scope for d in self._devices if d.live.up}
         self._slow.begin(lambda scope: str(scope).split("/")[0] in up)
-        firsts: list[tuple[int, _Device, list[tuple[SeriesKey, float, Callable[[], Any]]]]] = []
+        firsts: list[tuple[int, Device, list[tuple[SeriesKey, float, Callable[[], Any]]]]] = []
         try:
             for device in self._devices:
                 self._late = []
@@ -377,7 +339,7 @@ class NvmlBackend:
         return out
 
     def _finish(
-        self, device: _Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
+        self, device: Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
     ) -> DeviceSample:
         if not late:  # complete already, health included
             return sample
@@ -397,14 +359,14 @@ class NvmlBackend:
             values.update(self._health.evaluate(device.index, values, self._clock()))
         return dataclasses.replace(sample, values=values)
 
-    def _read_device(self, device: _Device) -> list[DeviceSample]:
+    def _read_device(self, device: Device) -> list[DeviceSample]:
         self._reading = True
         try:
             return self._read_device_values(device)
         finally:
             self._reading = False
 
-    def _read_device_values(self, device: _Device) -> list[DeviceSample]:
+    def _read_device_values(self, device: Device) -> list[DeviceSample]:
         enabled = self._config.collector_enabled
         h = device.handle
         v: dict[SeriesKey, float] = dict(device.static)
@@ -423,14 +385,14 @@ class NvmlBackend:
                 if codec is not None:
                     v[(key, ())] = codec[0] / 100.0
         if enabled("memory"):
-            self._memory(device, h, v)
+            groups.memory(self._call, self._nv, device, h, v)
         if enabled("temperature"):
             temp = call(device, "nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
             if temp is not None:
                 v[("temp_gpu", ())] = float(temp)
-            fields = self._field_values(device, [_FI_MEMORY_TEMP])
-            if (_FI_MEMORY_TEMP, 0) in fields:
-                v[("temp_memory", ())] = fields[(_FI_MEMORY_TEMP, 0)]
+            fields = groups.field_values(self._call, device, [FI_MEMORY_TEMP])
+            if (FI_MEMORY_TEMP, 0) in fields:
+                v[("temp_memory", ())] = fields[(FI_MEMORY_TEMP, 0)]
         if enabled("power"):
             for key, name, scale in (
                 ("power", "nvmlDeviceGetPowerUsage", 1e-3),
@@ -439,7 +401,7 @@ class NvmlBackend:
             ):
                 self._scalar(device, v, key, scale, name, h)
         if enabled("clocks"):
-            for clock, clock_id in _CLOCKS:
+            for clock, clock_id in CLOCKS:
                 self._scalar(device, v, f"clock_{clock}", 1e6, "nvmlDeviceGetClockInfo", h, clock_id)
             pstate = call(device, "nvmlDeviceGetPerformanceState", h)
             if pstate is not None and 0 <= pstate <= 15:
@@ -463,16 +425,16 @@ class NvmlBackend:
             ):
                 self._scalar(device, v, key, 1.0, name, h)
         if enabled("ecc"):
-            self._ecc(device, h, v)
+            groups.ecc(self._call, device, h, v)
         if enabled("nvlink") and device.nvlinks:
-            ids = [(fid, link) for link in range(device.nvlinks) for fid in (_FI_NVLINK_TX, _FI_NVLINK_RX)]
-            for (fid, link), value in self._field_values(device, ids).items():
-                v[("nvlink_tx" if fid == _FI_NVLINK_TX else "nvlink_rx", (str(link),))] = value * 1024.0
+            ids = [(fid, link) for link in range(device.nvlinks) for fid in (FI_NVLINK_TX, FI_NVLINK_RX)]
+            for (fid, link), value in groups.field_values(self._call, device, ids).items():
+                v[("nvlink_tx" if fid == FI_NVLINK_TX else "nvlink_rx", (str(link),))] = value * 1024.0
         processes: tuple[ProcessUsage, ...] = ()
         if enabled("processes"):
-            processes = self._processes(device, h, v)
+            processes = groups.processes(self._call, self._calls.is_missing, device, h, v)
         if enabled("gpm") and device.gpm:
-            self._gpm(device, v)
+            groups.gpm(self._call, self._nv, device, v)
         if enabled("xid"):
             counts, last = self._xid.read(device.index)
             for xid in CRITICAL_XIDS:
@@ -488,116 +450,14 @@ class NvmlBackend:
             out.append(self._read_mig(device, mig))
         return out
 
-    def _read_mig(self, device: _Device, mig: _Mig) -> DeviceSample:
+    def _read_mig(self, device: Device, mig: Mig) -> DeviceSample:
         v: dict[SeriesKey, float] = {}
         processes: tuple[ProcessUsage, ...] = ()
         if self._config.collector_enabled("memory"):
-            self._memory(mig, mig.handle, v)
+            groups.memory(self._call, self._nv, mig, mig.handle, v)
         if self._config.collector_enabled("processes"):
-            processes = self._processes(mig, mig.handle, v)
+            processes = groups.processes(self._call, self._calls.is_missing, mig, mig.handle, v)
         return DeviceSample(mig.id, True, v, device.info, processes)
-
-    def _memory(self, device: _Device | _Mig, h: Any, v: dict[SeriesKey, float]) -> None:
-        mem = self._call(
-            device,
-            "nvmlDeviceGetMemoryInfo",
-            h,
-            version=self._nv.nvmlMemory_v2,
-            label="nvmlDeviceGetMemoryInfo_v2",
-        )
-        if mem is None:
-            mem = self._call(device, "nvmlDeviceGetMemoryInfo", h)
-        if mem is None:
-            return
-        v[("memory_total", ())] = float(mem.total)
-        v[("memory_used", ())] = float(mem.used)
-        v[("memory_free", ())] = float(mem.free)
-        reserved = getattr(mem, "reserved", None)
-        if reserved is not None:
-            v[("memory_reserved", ())] = float(reserved)
-
-    def _ecc(self, device: _Device, h: Any, v: dict[SeriesKey, float]) -> None:
-        for error_type, kind in ((0, "corrected"), (1, "uncorrected")):  # NVML_MEMORY_ERROR_TYPE_*
-            for counter_type, scope in ((0, "volatile"), (1, "aggregate")):  # NVML_*_ECC
-                count = self._call(device, "nvmlDeviceGetTotalEccErrors", h, error_type, counter_type)
-                if count is not None:
-                    v[(f"ecc_{kind}_{scope}", ())] = float(count)
-        rows = self._call(device, "nvmlDeviceGetRemappedRows", h)
-        if rows is not None:
-            corr, unc, pending, failure = rows
-            v[("remapped_rows_correctable", ())] = float(corr)
-            v[("remapped_rows_uncorrectable", ())] = float(unc)
-            v[("remapped_rows_pending", ())] = 1.0 if pending else 0.0
-            v[("remapped_rows_failure", ())] = 1.0 if failure else 0.0
-        for cause, key in ((0, "retired_pages_sbe"), (1, "retired_pages_dbe")):
-            pages = self._call(device, "nvmlDeviceGetRetiredPages", h, cause)
-            if pages is not None:
-                v[(key, ())] = float(len(pages))
-
-    def _field_values(self, device: _Device, ids: list[Any]) -> dict[tuple[int, int], float]:
-        """Field values that came back without error, keyed (field id, scope id)."""
-        raw = self._call(device, "nvmlDeviceGetFieldValues", device.handle, ids)
-        out: dict[tuple[int, int], float] = {}
-        if raw is None:
-            return out
-        for item in raw:
-            if item.nvmlReturn != 0:
-                continue
-            value = _field_value(item)
-            if value is not None:
-                out[(int(item.fieldId), int(item.scopeId))] = value
-        return out
-
-    def _processes(self, device: _Device | _Mig, h: Any, v: dict[SeriesKey, float]) -> tuple[ProcessUsage, ...]:
-        procs = self._call(device, "nvmlDeviceGetComputeRunningProcesses", h)
-        if procs is None and self._calls.is_missing("nvmlDeviceGetComputeRunningProcesses"):
-            # drivers before R510 have only the _v2 struct; pynvml's unversioned call asks for _v3
-            procs = self._call(device, "nvmlDeviceGetComputeRunningProcesses_v2", h)
-        if procs is None:
-            return ()
-        v[("processes", ())] = float(len(procs))
-        known = [p.usedGpuMemory for p in procs if p.usedGpuMemory is not None]
-        if known:
-            v[("processes_memory", ())] = float(sum(known))
-        sm: dict[int, float] = {}
-        if procs and isinstance(device, _Device):  # not reported per MIG instance
-            samples = self._call(device, "nvmlDeviceGetProcessUtilization", h, device.last_process_ts)
-            for s in samples or ():
-                sm[int(s.pid)] = s.smUtil / 100.0
-                device.last_process_ts = max(device.last_process_ts, int(s.timeStamp))
-        return tuple(
-            ProcessUsage(int(p.pid), None if p.usedGpuMemory is None else float(p.usedGpuMemory), sm.get(int(p.pid)))
-            for p in procs
-        )
-
-    def _gpm(self, device: _Device, v: dict[SeriesKey, float]) -> None:
-        """GPM metrics are rates between two samples: the first cycle only primes."""
-        current, previous = device.gpm_samples
-        if self._call(device, "nvmlGpmSampleGet", device.handle, current) is None:
-            return
-        if device.gpm_primed:
-            request = self._nv.c_nvmlGpmMetricsGet_t()
-            request.version = self._nv.NVML_GPM_METRICS_GET_VERSION
-            request.numMetrics = len(_GPM_METRICS)
-            request.sample1 = previous
-            request.sample2 = current
-            for i, (metric_id, _) in enumerate(_GPM_METRICS):
-                request.metrics[i].metricId = metric_id
-            result = self._call(device, "nvmlGpmMetricsGet", request)
-            if result is not None:
-                for i, (_, key) in enumerate(_GPM_METRICS):
-                    metric = result.metrics[i]
-                    if metric.nvmlReturn == 0:
-                        v[(key, ())] = max(0.0, min(1.0, float(metric.value) / 100.0))
-        device.gpm_samples = [previous, current]
-        device.gpm_primed = True
-
-
-def _field_value(item: Any) -> float | None:
-    kind = int(item.valueType)
-    value = item.value
-    attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind)
-    return float(getattr(value, attr)) if attr else None
 
 
 def create(config: Config) -> NvmlBackend:

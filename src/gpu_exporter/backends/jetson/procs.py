@@ -25,7 +25,7 @@ from pathlib import Path
 
 __all__ = ["NVMAP_CLIENTS", "GpuProcesses", "ProcessScanner", "is_gpu_node", "nvmap_clients", "scan"]
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("gpu_exporter.backends.jetson_procs")  # the name its log lines have always had
 
 NVMAP_CLIENTS = ("kernel", "debug", "nvmap", "iovmm", "clients")  # under sysfs
 _NVGPU_DIR = "/dev/nvgpu/"

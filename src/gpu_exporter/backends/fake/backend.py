@@ -28,9 +28,9 @@ from typing import Any
 
 import pynvml
 
-from gpu_exporter.backends.fake_throttle import ThrottleSim
-from gpu_exporter.backends.nvml import NvmlBackend
-from gpu_exporter.backends.nvml_xid import handle_address as _address
+from gpu_exporter.backends.fake.throttle import ThrottleSim
+from gpu_exporter.backends.nvidia.backend import NvmlBackend
+from gpu_exporter.backends.nvidia.xid import handle_address as _address
 from gpu_exporter.config import Config
 
 __all__ = ["SimNvml", "create"]

@@ -1,0 +1,63 @@
+"""What one catalog entry says about a device metric, and the helpers the entry modules share."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+__all__ = [
+    "CLOCK_HELP",
+    "MAXCLOCK_HELP",
+    "PCIE_HELP",
+    "POD_LABELS",
+    "TEMP_HELP",
+    "Metric",
+    "MetricType",
+    "MiB",
+    "entry",
+]
+
+MetricType = Literal["gauge", "counter"]
+
+MiB = 1.0 / (1024 * 1024)
+
+
+@dataclass(frozen=True, slots=True)
+class Metric:
+    key: str
+    name: str
+    type: MetricType
+    help: str
+    group: str
+    const_labels: tuple[tuple[str, str], ...] = ()
+    labels: tuple[str, ...] = ()  # dynamic labels, values supplied with each reading
+    dcgm: str = ""  # dcgm-exporter's field name for the same quantity, if it has one
+    dcgm_scale: float = 1.0  # multiply our base-unit value by this to get DCGM's unit
+    dcgm_type: MetricType | None = None
+    # an alert waits for it: a change closes the agent's open batch at once, and every summary carries
+    # it whatever the link (forward/summary.py)
+    event: bool = False
+
+
+def entry(
+    key: str,
+    name: str,
+    type_: MetricType,
+    help_: str,
+    group: str,
+    const: dict[str, str] | None = None,
+    labels: tuple[str, ...] = (),
+    dcgm: str = "",
+    scale: float = 1.0,
+    dcgm_type: MetricType | None = None,
+    event: bool = False,
+) -> Metric:
+    const_labels = tuple((const or {}).items())
+    return Metric(key, name, type_, help_, group, const_labels, labels, dcgm, scale, dcgm_type, event)
+
+
+TEMP_HELP = "Temperature in degrees Celsius, by sensor."
+CLOCK_HELP = "Current clock frequency in hertz, by clock domain."
+MAXCLOCK_HELP = "Maximum clock frequency in hertz, by clock domain."
+PCIE_HELP = "PCIe throughput in bytes per second, by direction."
+POD_LABELS = ("namespace", "pod", "container")  # labels of the per-pod series
