@@ -16,6 +16,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import fields
 from types import FrameType
 from typing import TYPE_CHECKING
 
@@ -98,7 +99,7 @@ def _read_secret(path: str, what: str) -> str:
 
 def settings_from(config: cfg.Config) -> BridgeSettings:
     """The bridge's settings from the shared configuration; ConfigError when something is missing."""
-    from gpu_exporter.bridge.service import BridgeSettings, parse_mqtt_url
+    from gpu_exporter.bridge.service import OPTION, BridgeSettings, parse_mqtt_url
 
     if not config.mqtt_url:
         raise cfg.ConfigError("--mqtt.url is required (the broker the edge nodes publish to)")
@@ -113,41 +114,13 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
     if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
         raise cfg.ConfigError("--remote-write.tls.cert-file and --remote-write.tls.key-file go together")
     client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}"
+    options = {f.name: getattr(config, f.metadata[OPTION]) for f in fields(BridgeSettings) if OPTION in f.metadata}
     return BridgeSettings(
-        mqtt_url=config.mqtt_url,
-        remote_write_url=config.remote_write_url,
-        topic_prefix=config.mqtt_topic_prefix,
-        mqtt_username=config.mqtt_username,
+        **options,
         mqtt_password=_read_secret(config.mqtt_password_file, "MQTT password"),
-        mqtt_ca_file=config.mqtt_tls_ca_file,
-        mqtt_cert_file=config.mqtt_tls_cert_file,
-        mqtt_key_file=config.mqtt_tls_key_file,
-        group=config.bridge_group,
         client_id=client_id,
-        session_expiry=config.bridge_session_expiry,
-        receive_maximum=min(config.bridge_max_inflight, 65535),
-        linger=config.bridge_write_linger,
-        max_inflight_bytes=config.bridge_max_inflight_bytes,
-        max_packet_size=config.bridge_max_packet_size,
-        max_payload=config.bridge_max_payload,
-        node_label=config.bridge_node_label,
-        series_cache=config.bridge_series_cache,
-        max_series_per_node=config.bridge_max_series_per_node,
-        max_series=config.bridge_max_series,
-        new_nodes_per_minute=config.bridge_new_nodes_per_minute,
-        max_clock_skew=config.bridge_max_clock_skew,
-        clock_skew_policy=config.bridge_clock_skew_policy,
-        state_dir=config.bridge_state_dir,
-        rw_timeout=config.remote_write_timeout,
-        rw_username=config.remote_write_username,
         rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),
         rw_bearer_token=_read_secret(config.remote_write_bearer_token_file, "bearer token"),
-        rw_ca_file=config.remote_write_tls_ca_file,
-        rw_cert_file=config.remote_write_tls_cert_file,
-        rw_key_file=config.remote_write_tls_key_file,
-        rw_insecure_skip_verify=config.remote_write_tls_insecure_skip_verify,
-        rw_max_samples=config.remote_write_max_samples,
-        rw_backoff_max=config.remote_write_max_backoff,
         rw_headers=tuple(
             (name.strip(), value.strip())
             for name, _, value in (item.partition("=") for item in config.remote_write_headers.split(","))
