@@ -986,7 +986,7 @@ MUTANTS += (
         ),
         Mutant(
             "packet-size-without-overhead",
-            "src/gpu_exporter/bridge/service.py",
+            "src/gpu_exporter/bridge/settings.py",
             "    return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)\n",
             "    return min(settings.max_packet_size or settings.max_payload, MQTT_MAX_PACKET)\n",
             (f"{_BRIDGE_BOUNDS}::test_the_broker_keeps_messages_over_the_announced_packet_size",),

@@ -27,7 +27,7 @@ from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 
 if TYPE_CHECKING:
-    from gpu_exporter.bridge.service import BridgeSettings
+    from gpu_exporter.bridge.settings import BridgeSettings
     from gpu_exporter.web.server import WebServer
     from gpu_exporter.web.webconfig import WebConfig
 
@@ -99,7 +99,8 @@ def _read_secret(path: str, what: str) -> str:
 
 def settings_from(config: cfg.Config) -> BridgeSettings:
     """The bridge's settings from the shared configuration; ConfigError when something is missing."""
-    from gpu_exporter.bridge.service import OPTION, BridgeSettings, parse_mqtt_url
+    from gpu_exporter.bridge.service import parse_mqtt_url
+    from gpu_exporter.bridge.settings import OPTION, BridgeSettings
 
     if not config.mqtt_url:
         raise cfg.ConfigError("--mqtt.url is required (the broker the edge nodes publish to)")
