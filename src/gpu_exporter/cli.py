@@ -20,7 +20,7 @@ from typing import Any
 
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.commands import agent_option
+from gpu_exporter.config.commands import agent_option
 from gpu_exporter.logs import setup_logging
 
 __all__ = ["build_parser", "entry", "main", "setup_logging"]

@@ -25,6 +25,7 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
+from gpu_exporter.config.commands import bridge_options
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.settings import BridgeSettings
@@ -36,24 +37,6 @@ __all__ = ["main", "run", "settings_from", "tune_gc", "tune_malloc"]
 log = logging.getLogger("gpu_exporter.bridge")
 
 PROG = "gpu-exporter bridge"
-
-# The options the bridge reads: its own, the MQTT connection shared with the forwarder, and logging.
-_PREFIXES = ("bridge.", "remote-write.", "log.")
-_MQTT = (
-    "mqtt.url",
-    "mqtt.topic-prefix",
-    "mqtt.username",
-    "mqtt.password-file",
-    "mqtt.tls.ca-file",
-    "mqtt.tls.cert-file",
-    "mqtt.tls.key-file",
-)
-# The endpoint's TLS, auth and limits: the same web.* options as the agent's (web/server.py).
-_WEB = ("web.config.file", "web.max-connections", "web.read-timeout", "web.idle-timeout")
-
-
-def _options() -> list[cfg.Option]:
-    return [o for o in cfg.OPTIONS if o.name.startswith(_PREFIXES) or o.name in _MQTT or o.name in _WEB]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -74,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file with any of these options",
     )
     defaults = cfg.Config()
-    for opt in _options():
+    for opt in bridge_options():
         default = getattr(defaults, opt.field)
         shown = f" (default: {default})" if default not in ("", None) else ""
         parser.add_argument(

@@ -17,7 +17,7 @@ from gpu_exporter.config.parsers import (
     _seconds_between,
 )
 
-__all__ = ["AGENT_OPTIONS", "VENDORS", "AgentOptions"]
+__all__ = ["AGENT_OPTIONS", "SHARED_WITH_BRIDGE", "VENDORS", "AgentOptions"]
 
 VENDORS = ("auto", "nvidia", "amd", "jetson", "fake")
 
@@ -147,4 +147,14 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     ),
     Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
     Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
+)
+
+# The bridge's endpoint (TLS, auth, limits: web/server.py) and its logs take these too.
+SHARED_WITH_BRIDGE = (
+    "web.config.file",
+    "web.max-connections",
+    "web.read-timeout",
+    "web.idle-timeout",
+    "log.level",
+    "log.format",
 )

@@ -16,7 +16,7 @@ from gpu_exporter.config.parsers import (
     _topic_prefix,
 )
 
-__all__ = ["FORWARD_OPTIONS", "ForwardOptions"]
+__all__ = ["FORWARD_OPTIONS", "MQTT_CONNECTION", "ForwardOptions"]
 
 
 @dataclass(frozen=True)
@@ -149,4 +149,15 @@ FORWARD_OPTIONS: tuple[Option, ...] = (
         "backlog batches sent per second after an outage (fresh batches go first)",
         "PER_SECOND",
     ),
+)
+
+# The broker connection: the bridge subscribes with these too, and ``gpu-exporter tail``.
+MQTT_CONNECTION = (
+    "mqtt.url",
+    "mqtt.topic-prefix",
+    "mqtt.username",
+    "mqtt.password-file",
+    "mqtt.tls.ca-file",
+    "mqtt.tls.cert-file",
+    "mqtt.tls.key-file",
 )
