@@ -10,14 +10,12 @@ import errno
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
-from types import FrameType
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -26,6 +24,7 @@ from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import bridge_options
+from gpu_exporter.daemon import Signals
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.settings import BridgeSettings
@@ -192,18 +191,8 @@ def run(
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {listen}: {reason}", 1)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    hup = threading.Event()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        hup.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, on_hup)
+    signals = Signals(stop)
+    signals.install()
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
@@ -213,16 +202,19 @@ def run(
     bridge.start()
     web_path = config.web_config_file
     stamp, checked = file_stamp(web_path) if web_path else None, time.monotonic()
+
+    def web_changed() -> bool:  # the web config file is watched too
+        nonlocal stamp, checked
+        if not web_path or time.monotonic() - checked < 2.0:
+            return False
+        checked = time.monotonic()
+        if file_stamp(web_path) == stamp:
+            return False
+        stamp = file_stamp(web_path)
+        return True
+
     try:
-        while not stop.wait(0.5):
-            if web_path and time.monotonic() - checked >= 2.0:  # the web config file is watched too
-                checked = time.monotonic()
-                if file_stamp(web_path) != stamp:
-                    stamp = file_stamp(web_path)
-                    hup.set()
-            if hup.is_set():
-                hup.clear()
-                _reload_web(server, web_path)
+        signals.run(lambda: _reload_web(server, web_path), web_changed)
     finally:
         log.info("stopping")
         bridge.stop(timeout=10.0)
