@@ -22,6 +22,7 @@ LOWEST: dict[str, tuple[str, str | None]] = {
     "mqtt.batch-interval": ("50ms", "49ms"),
     "spool.max-age": ("1s", "999ms"),
     "bridge.session-expiry": ("1s", "999ms"),
+    "bridge.write-linger": ("0s", None),
     "bridge.max-clock-skew": ("1s", "999ms"),
     "remote-write.timeout": ("100ms", "99ms"),
     "remote-write.max-backoff": ("10ms", "9ms"),
