@@ -31,7 +31,8 @@ from gpu_exporter.backends import base
 from gpu_exporter.bridge.cli import tune_gc
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import WriteEncoder, compress
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.model import Sample
 from gpu_exporter.payload import Batch, columns, decode, encode
 

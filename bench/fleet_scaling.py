@@ -40,7 +40,8 @@ def child(nodes: int, group: int) -> None:
     from gpu_exporter.bridge import sender
     from gpu_exporter.bridge.clock import Stamp
     from gpu_exporter.bridge.dedup import SeqTracker
-    from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+    from gpu_exporter.bridge.service import Bridge, Received
+    from gpu_exporter.bridge.settings import BridgeSettings
 
     gc.set_threshold(50_000, 50, 100)  # as `gpu-exporter bridge` (cli.tune_gc)
     sender.RemoteWriter._round_trip = lambda self, body: (204, b"", None)  # type: ignore[method-assign]

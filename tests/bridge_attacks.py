@@ -14,7 +14,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import Stamp
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch, encode
 from gpu_exporter.payload._zdict import ZDICT

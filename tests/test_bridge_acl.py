@@ -12,7 +12,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
-from gpu_exporter.bridge.service import Bridge, BridgeSettings
+from gpu_exporter.bridge.service import Bridge
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch

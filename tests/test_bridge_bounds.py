@@ -16,7 +16,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.inflight import Inflight
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 
 from .bridge_attacks import bomb, junk_document, local_bridge, peak_rss, rss, value

@@ -16,7 +16,8 @@ from gpu_exporter.bridge import messages
 from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import RemoteWriter
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, WaitRecorder, make_batch

@@ -13,7 +13,8 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.remote_write import Series
 from gpu_exporter.bridge.sender import WriteOutcome
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch

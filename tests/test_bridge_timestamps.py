@@ -9,7 +9,8 @@ import time
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import Stamp
-from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
+from gpu_exporter.bridge.service import Bridge, Received
+from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch

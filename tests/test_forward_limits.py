@@ -249,7 +249,8 @@ def test_a_burst_of_backlog_fills_the_window_without_publish_errors(
 def test_the_bridge_says_when_the_broker_grants_its_subscription_qos_0_only(
     limited: tuple[Broker, Proxy], caplog: pytest.LogCaptureFixture
 ) -> None:
-    from gpu_exporter.bridge.service import Bridge, BridgeSettings
+    from gpu_exporter.bridge.service import Bridge
+    from gpu_exporter.bridge.settings import BridgeSettings
 
     broker, _ = limited
     settings = BridgeSettings(mqtt_url=broker.url, remote_write_url="http://127.0.0.1:9/api/v1/write")

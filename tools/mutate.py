@@ -580,7 +580,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "config",
         Mutant(
             "config-durations-lose-lower-bound",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/parsers.py",
             "        if not low <= seconds <= high:\n",
             "        if seconds > high:\n",
             ("tests/test_config_bounds.py",),
@@ -588,7 +588,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "config-bridge-durations-lose-lower-bound",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/parsers.py",
             '        if seconds < low:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
             '        if seconds < 0:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
             ("tests/test_config_bounds.py",),
@@ -596,7 +596,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "config-counts-lose-lower-bound",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/parsers.py",
             "        if value < low:\n",
             "        if value < 0:\n",
             ("tests/test_config.py",),
@@ -815,7 +815,7 @@ MUTANTS += (
         "config",
         Mutant(
             "config-identity-length-in-characters",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/checks.py",
             '        size = len(value.encode("utf-8"))\n    except UnicodeEncodeError:\n        raise ConfigError(f"--{flag}: not valid UTF-8") from None\n',
             '        size = len(value)\n    except UnicodeEncodeError:\n        raise ConfigError(f"--{flag}: not valid UTF-8") from None\n',
             (_IDENTITY,),
@@ -823,7 +823,7 @@ MUTANTS += (
         ),
         Mutant(
             "config-username-unbounded",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/checks.py",
             '        _check_mqtt_string("mqtt.username", config.mqtt_username, MAX_USERNAME)\n',
             '        _check_mqtt_string("mqtt.username", config.mqtt_username, MAX_PASSWORD)\n',
             (_IDENTITY,),
@@ -831,7 +831,7 @@ MUTANTS += (
         ),
         Mutant(
             "config-c1-controls-allowed",
-            "src/gpu_exporter/config.py",
+            "src/gpu_exporter/config/checks.py",
             "    bad = sorted({c for c in value if ord(c) < 0x20 or 0x7F <= ord(c) <= 0x9F})\n",
             "    bad = sorted({c for c in value if ord(c) < 0x20})\n",
             (_IDENTITY,),
@@ -1003,7 +1003,7 @@ MUTANTS += (
         ),
         Mutant(
             "packet-size-without-overhead",
-            "src/gpu_exporter/bridge/service.py",
+            "src/gpu_exporter/bridge/settings.py",
             "    return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)\n",
             "    return min(settings.max_packet_size or settings.max_payload, MQTT_MAX_PACKET)\n",
             (f"{_BRIDGE_BOUNDS}::test_the_broker_keeps_messages_over_the_announced_packet_size",),

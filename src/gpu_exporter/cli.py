@@ -15,12 +15,12 @@ import signal
 import sys
 import threading
 from collections.abc import Sequence
-from types import FrameType
 from typing import Any
 
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.commands import agent_option
+from gpu_exporter.config.commands import agent_option
+from gpu_exporter.daemon import Signals
 from gpu_exporter.logs import setup_logging
 
 __all__ = ["build_parser", "entry", "main", "setup_logging"]
@@ -156,9 +156,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
         extra = attributor.device_values if attributor is not None else None  # per-pod series go too
         forwarder = forward.Forwarder(config, ring, registry, extra=extra)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
+    def on_stop(signum: int) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
-        stop.set()
 
     from gpu_exporter.reload import Reloader
 
@@ -177,15 +176,13 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
             forwarder.reconfigure(new)
 
     reloader = Reloader(args if args is not None else {}, config, [apply])
-    hup = threading.Event()
 
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        hup.set()
+    def on_hup() -> None:
+        log.info("received SIGHUP, reloading the configuration")
+        reloader.reload("SIGHUP")
 
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, on_hup)
+    signals = Signals(stop, on_stop)
+    signals.install()
 
     server.start()
     if attributor is not None:
@@ -203,12 +200,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
         config.interval,
     )
     reloader.watch()
-    while not stop.is_set():
-        stop.wait(0.5)
-        if hup.is_set():
-            hup.clear()
-            log.info("received SIGHUP, reloading the configuration")
-            reloader.reload("SIGHUP")
+    signals.run(on_hup)
     reloader.stop()
     sampler.stop()
     if attributor is not None:

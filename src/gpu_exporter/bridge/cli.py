@@ -10,13 +10,12 @@ import errno
 import gc
 import logging
 import os
-import signal
 import socket
 import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from types import FrameType
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 from prometheus_client import CollectorRegistry
@@ -24,9 +23,11 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
+from gpu_exporter.config.commands import bridge_options
+from gpu_exporter.daemon import Signals
 
 if TYPE_CHECKING:
-    from gpu_exporter.bridge.service import BridgeSettings
+    from gpu_exporter.bridge.settings import BridgeSettings
     from gpu_exporter.web.server import WebServer
     from gpu_exporter.web.webconfig import WebConfig
 
@@ -35,24 +36,6 @@ __all__ = ["main", "run", "settings_from", "tune_gc", "tune_malloc"]
 log = logging.getLogger("gpu_exporter.bridge")
 
 PROG = "gpu-exporter bridge"
-
-# The options the bridge reads: its own, the MQTT connection shared with the forwarder, and logging.
-_PREFIXES = ("bridge.", "remote-write.", "log.")
-_MQTT = (
-    "mqtt.url",
-    "mqtt.topic-prefix",
-    "mqtt.username",
-    "mqtt.password-file",
-    "mqtt.tls.ca-file",
-    "mqtt.tls.cert-file",
-    "mqtt.tls.key-file",
-)
-# The endpoint's TLS, auth and limits: the same web.* options as the agent's (web/server.py).
-_WEB = ("web.config.file", "web.max-connections", "web.read-timeout", "web.idle-timeout")
-
-
-def _options() -> list[cfg.Option]:
-    return [o for o in cfg.OPTIONS if o.name.startswith(_PREFIXES) or o.name in _MQTT or o.name in _WEB]
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -73,7 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file with any of these options",
     )
     defaults = cfg.Config()
-    for opt in _options():
+    for opt in bridge_options():
         default = getattr(defaults, opt.field)
         shown = f" (default: {default})" if default not in ("", None) else ""
         parser.add_argument(
@@ -98,7 +81,8 @@ def _read_secret(path: str, what: str) -> str:
 
 def settings_from(config: cfg.Config) -> BridgeSettings:
     """The bridge's settings from the shared configuration; ConfigError when something is missing."""
-    from gpu_exporter.bridge.service import BridgeSettings, parse_mqtt_url
+    from gpu_exporter.bridge.service import parse_mqtt_url
+    from gpu_exporter.bridge.settings import OPTION, BridgeSettings
 
     if not config.mqtt_url:
         raise cfg.ConfigError("--mqtt.url is required (the broker the edge nodes publish to)")
@@ -113,41 +97,13 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
     if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
         raise cfg.ConfigError("--remote-write.tls.cert-file and --remote-write.tls.key-file go together")
     client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}"
+    options = {f.name: getattr(config, f.metadata[OPTION]) for f in fields(BridgeSettings) if OPTION in f.metadata}
     return BridgeSettings(
-        mqtt_url=config.mqtt_url,
-        remote_write_url=config.remote_write_url,
-        topic_prefix=config.mqtt_topic_prefix,
-        mqtt_username=config.mqtt_username,
+        **options,
         mqtt_password=_read_secret(config.mqtt_password_file, "MQTT password"),
-        mqtt_ca_file=config.mqtt_tls_ca_file,
-        mqtt_cert_file=config.mqtt_tls_cert_file,
-        mqtt_key_file=config.mqtt_tls_key_file,
-        group=config.bridge_group,
         client_id=client_id,
-        session_expiry=config.bridge_session_expiry,
-        receive_maximum=min(config.bridge_max_inflight, 65535),
-        linger=config.bridge_write_linger,
-        max_inflight_bytes=config.bridge_max_inflight_bytes,
-        max_packet_size=config.bridge_max_packet_size,
-        max_payload=config.bridge_max_payload,
-        node_label=config.bridge_node_label,
-        series_cache=config.bridge_series_cache,
-        max_series_per_node=config.bridge_max_series_per_node,
-        max_series=config.bridge_max_series,
-        new_nodes_per_minute=config.bridge_new_nodes_per_minute,
-        max_clock_skew=config.bridge_max_clock_skew,
-        clock_skew_policy=config.bridge_clock_skew_policy,
-        state_dir=config.bridge_state_dir,
-        rw_timeout=config.remote_write_timeout,
-        rw_username=config.remote_write_username,
         rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),
         rw_bearer_token=_read_secret(config.remote_write_bearer_token_file, "bearer token"),
-        rw_ca_file=config.remote_write_tls_ca_file,
-        rw_cert_file=config.remote_write_tls_cert_file,
-        rw_key_file=config.remote_write_tls_key_file,
-        rw_insecure_skip_verify=config.remote_write_tls_insecure_skip_verify,
-        rw_max_samples=config.remote_write_max_samples,
-        rw_backoff_max=config.remote_write_max_backoff,
         rw_headers=tuple(
             (name.strip(), value.strip())
             for name, _, value in (item.partition("=") for item in config.remote_write_headers.split(","))
@@ -235,18 +191,8 @@ def run(
         reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
         return _fail(f"cannot listen on {listen}: {reason}", 1)
 
-    def on_signal(signum: int, frame: FrameType | None) -> None:
-        stop.set()
-
-    hup = threading.Event()
-
-    def on_hup(signum: int, frame: FrameType | None) -> None:
-        hup.set()
-
-    if threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, on_signal)
-        signal.signal(signal.SIGINT, on_signal)
-        signal.signal(signal.SIGHUP, on_hup)
+    signals = Signals(stop)
+    signals.install()
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
@@ -256,16 +202,19 @@ def run(
     bridge.start()
     web_path = config.web_config_file
     stamp, checked = file_stamp(web_path) if web_path else None, time.monotonic()
+
+    def web_changed() -> bool:  # the web config file is watched too
+        nonlocal stamp, checked
+        if not web_path or time.monotonic() - checked < 2.0:
+            return False
+        checked = time.monotonic()
+        if file_stamp(web_path) == stamp:
+            return False
+        stamp = file_stamp(web_path)
+        return True
+
     try:
-        while not stop.wait(0.5):
-            if web_path and time.monotonic() - checked >= 2.0:  # the web config file is watched too
-                checked = time.monotonic()
-                if file_stamp(web_path) != stamp:
-                    stamp = file_stamp(web_path)
-                    hup.set()
-            if hup.is_set():
-                hup.clear()
-                _reload_web(server, web_path)
+        signals.run(lambda: _reload_web(server, web_path), web_changed)
     finally:
         log.info("stopping")
         bridge.stop(timeout=10.0)

@@ -23,7 +23,6 @@ import threading
 import time
 import urllib.parse
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -43,11 +42,12 @@ from gpu_exporter.bridge.limits import NewNodes, SeriesBudget
 from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
+from gpu_exporter.bridge.settings import BridgeSettings, max_packet_size
 from gpu_exporter.bridge.twins import Twins
 from gpu_exporter.bridge.values import RESET_AFTER
 from gpu_exporter.payload.columns import ColumnBatch
 
-__all__ = ["Bridge", "BridgeSettings", "MessageHandler", "Received", "max_packet_size", "parse_mqtt_url"]
+__all__ = ["Bridge", "MessageHandler", "Received", "parse_mqtt_url"]
 
 log = logging.getLogger(__name__)
 
@@ -55,59 +55,6 @@ log = logging.getLogger(__name__)
 # it, the messages taken at once are written in several groups, so that a burst of large payloads
 # cannot multiply the bridge's memory by --bridge.max-messages. One payload is always taken whole.
 GROUP_TEXT_BYTES = 4 * 1024 * 1024
-# What a PUBLISH carries besides its payload: fixed header, topic, properties (the agent's are a few dozen
-# bytes; the topic is at most a node name of 1024 characters and the prefix).
-PACKET_OVERHEAD = 64 * 1024
-MQTT_MAX_PACKET = 268_435_455  # the largest MQTT can express
-
-
-@dataclass(frozen=True)
-class BridgeSettings:
-    mqtt_url: str
-    remote_write_url: str
-    topic_prefix: str = "gpu-exporter"
-    mqtt_username: str = ""
-    mqtt_password: str = ""
-    mqtt_ca_file: str = ""
-    mqtt_cert_file: str = ""
-    mqtt_key_file: str = ""
-    mqtt_insecure_skip_verify: bool = False
-    group: str = ""  # shared subscription group; empty: a plain subscription
-    client_id: str = "gpu-exporter-bridge"
-    session_expiry: float = 86400.0
-    keepalive: int = 30  # seconds
-    receive_maximum: int = 200  # also the bridge's own bound on messages held unacknowledged
-    max_inflight_bytes: int = 64 * 1024 * 1024
-    max_packet_size: int = 0  # announced in CONNECT; 0: max_payload + PACKET_OVERHEAD
-    max_messages: int = 100  # messages per remote write
-    linger: float = 0.5  # seconds the writer waits for more messages before a write (coalescing)
-    max_payload: int = 4 * 1024 * 1024
-    node_label: str = "node"
-    rw_timeout: float = 10.0
-    rw_username: str = ""
-    rw_password: str = ""
-    rw_bearer_token: str = ""
-    rw_ca_file: str = ""
-    rw_cert_file: str = ""
-    rw_key_file: str = ""
-    rw_insecure_skip_verify: bool = False
-    rw_max_samples: int = 5000
-    rw_backoff_max: float = 10.0
-    rw_headers: tuple[tuple[str, str], ...] = ()
-    dedup_streams: int = 100_000
-    series_cache: int = 750_000
-    max_series_per_node: int = 10_000
-    max_series: int = 300_000
-    new_nodes_per_minute: int = 10
-    max_clock_skew: float = 300.0
-    clock_skew_policy: str = "correct"
-    state_dir: str = ""  # where the record of what was written is kept; empty: nowhere
-
-
-def max_packet_size(settings: BridgeSettings) -> int:
-    """The Maximum Packet Size the bridge announces: the setting, else its payload limit plus room for
-    the PUBLISH's header, topic and properties."""
-    return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)
 
 
 def parse_mqtt_url(url: str) -> tuple[str, int, bool]:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.commands import agent_option
+from gpu_exporter.config.commands import agent_option
 from gpu_exporter.doctor import broker
 from gpu_exporter.doctor.checks import CHECKS, FAIL, Check, Node, Result
 

@@ -1,0 +1,83 @@
+"""What the bridge runs with: ``BridgeSettings``, and the MQTT packet size it announces from them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from gpu_exporter.config.bridge import BridgeOptions, RemoteWriteOptions
+from gpu_exporter.config.forwarding import ForwardOptions
+
+__all__ = ["MQTT_MAX_PACKET", "OPTION", "PACKET_OVERHEAD", "BridgeSettings", "max_packet_size"]
+
+# What a PUBLISH carries besides its payload: fixed header, topic, properties (the agent's are a few dozen
+# bytes; the topic is at most a node name of 1024 characters and the prefix).
+PACKET_OVERHEAD = 64 * 1024
+MQTT_MAX_PACKET = 268_435_455  # the largest MQTT can express
+
+
+OPTION = "option"  # the metadata key that names the config field a setting is copied from
+
+
+def _option(section: type[Any], name: str) -> Any:
+    """A setting that is option field ``name`` of a config section: the option's default is its default,
+    and ``settings_from`` (bridge/cli.py) copies the option's value into it."""
+    default = next(f.default for f in fields(section) if f.name == name)
+    return field(default=default, metadata={OPTION: name})
+
+
+@dataclass(frozen=True)
+class BridgeSettings:
+    """What the bridge runs with. The settings named after an option (``_option``) come from the
+    config's sections (``config/bridge.py``, ``config/forwarding.py``); the rest are read from files
+    (passwords, tokens), derived (client id, headers) or not options at all."""
+
+    mqtt_url: str = field(metadata={OPTION: "mqtt_url"})
+    remote_write_url: str = field(metadata={OPTION: "remote_write_url"})
+    topic_prefix: str = _option(ForwardOptions, "mqtt_topic_prefix")
+    mqtt_username: str = _option(ForwardOptions, "mqtt_username")
+    mqtt_password: str = ""
+    mqtt_ca_file: str = _option(ForwardOptions, "mqtt_tls_ca_file")
+    mqtt_cert_file: str = _option(ForwardOptions, "mqtt_tls_cert_file")
+    mqtt_key_file: str = _option(ForwardOptions, "mqtt_tls_key_file")
+    mqtt_insecure_skip_verify: bool = False
+    group: str = _option(BridgeOptions, "bridge_group")  # shared subscription group; empty: a plain subscription
+    client_id: str = "gpu-exporter-bridge"
+    session_expiry: float = _option(BridgeOptions, "bridge_session_expiry")
+    keepalive: int = 30  # seconds
+    # also the bridge's own bound on messages held unacknowledged
+    receive_maximum: int = _option(BridgeOptions, "bridge_max_inflight")
+    max_inflight_bytes: int = _option(BridgeOptions, "bridge_max_inflight_bytes")
+    # announced in CONNECT; 0: max_payload + PACKET_OVERHEAD
+    max_packet_size: int = _option(BridgeOptions, "bridge_max_packet_size")
+    max_messages: int = 100  # messages per remote write
+    # seconds the writer waits for more messages before a write (coalescing)
+    linger: float = _option(BridgeOptions, "bridge_write_linger")
+    max_payload: int = _option(BridgeOptions, "bridge_max_payload")
+    node_label: str = _option(BridgeOptions, "bridge_node_label")
+    rw_timeout: float = _option(RemoteWriteOptions, "remote_write_timeout")
+    rw_username: str = _option(RemoteWriteOptions, "remote_write_username")
+    rw_password: str = ""
+    rw_bearer_token: str = ""
+    rw_ca_file: str = _option(RemoteWriteOptions, "remote_write_tls_ca_file")
+    rw_cert_file: str = _option(RemoteWriteOptions, "remote_write_tls_cert_file")
+    rw_key_file: str = _option(RemoteWriteOptions, "remote_write_tls_key_file")
+    rw_insecure_skip_verify: bool = _option(RemoteWriteOptions, "remote_write_tls_insecure_skip_verify")
+    rw_max_samples: int = _option(RemoteWriteOptions, "remote_write_max_samples")
+    rw_backoff_max: float = _option(RemoteWriteOptions, "remote_write_max_backoff")
+    rw_headers: tuple[tuple[str, str], ...] = ()
+    dedup_streams: int = 100_000
+    series_cache: int = _option(BridgeOptions, "bridge_series_cache")
+    max_series_per_node: int = _option(BridgeOptions, "bridge_max_series_per_node")
+    max_series: int = _option(BridgeOptions, "bridge_max_series")
+    new_nodes_per_minute: int = _option(BridgeOptions, "bridge_new_nodes_per_minute")
+    max_clock_skew: float = _option(BridgeOptions, "bridge_max_clock_skew")
+    clock_skew_policy: str = _option(BridgeOptions, "bridge_clock_skew_policy")
+    # where the record of what was written is kept; empty: nowhere
+    state_dir: str = _option(BridgeOptions, "bridge_state_dir")
+
+
+def max_packet_size(settings: BridgeSettings) -> int:
+    """The Maximum Packet Size the bridge announces: the setting, else its payload limit plus room for
+    the PUBLISH's header, topic and properties."""
+    return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)

@@ -1,0 +1,269 @@
+"""The cloud bridge's options: its MQTT session and bounds, and the remote-write target."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_exporter.config.parsers import (
+    Option,
+    _bool,
+    _choice,
+    _duration_at_least,
+    _group,
+    _headers,
+    _http_url,
+    _int_between,
+    _label_name,
+    _listen,
+    _max_payload,
+    _packet_size,
+    _positive_int,
+    _seconds_between,
+    _size_between,
+)
+
+__all__ = ["BRIDGE_OPTIONS", "REMOTE_WRITE_OPTIONS", "BridgeOptions", "RemoteWriteOptions"]
+
+
+@dataclass(frozen=True)
+class BridgeOptions:
+    bridge_group: str = ""  # shared-subscription group; empty: one bridge takes everything
+    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>
+    bridge_session_expiry: float = 86400.0
+    bridge_listen_address: str = ":9401"
+    bridge_max_inflight: int = 200
+    bridge_write_linger: float = 0.5
+    bridge_max_payload: int = 4 * 1024 * 1024
+    bridge_max_inflight_bytes: int = 64 * 1024 * 1024
+    bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
+    bridge_max_series: int = 300_000
+    bridge_new_nodes_per_minute: int = 10
+    bridge_node_label: str = "node"
+    bridge_series_cache: int = 750_000
+    bridge_max_clock_skew: float = 300.0
+    bridge_clock_skew_policy: str = "correct"
+    bridge_state_dir: str = ""
+    bridge_max_series_per_node: int = 10_000
+
+
+@dataclass(frozen=True)
+class RemoteWriteOptions:
+    remote_write_url: str = ""
+    remote_write_username: str = ""
+    remote_write_password_file: str = ""
+    remote_write_bearer_token_file: str = ""
+    remote_write_tls_ca_file: str = ""
+    remote_write_tls_cert_file: str = ""
+    remote_write_tls_key_file: str = ""
+    remote_write_tls_insecure_skip_verify: bool = False
+    remote_write_timeout: float = 10.0
+    remote_write_max_samples: int = 5000
+    remote_write_max_backoff: float = 10.0
+    remote_write_headers: str = ""  # "Name=value,Name=value", e.g. X-Scope-OrgID=fleet
+
+
+BRIDGE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "bridge.group",
+        "bridge_group",
+        _group,
+        "bridge: MQTT 5 shared-subscription group, so that several bridges split the load",
+        "NAME",
+    ),
+    Option(
+        "bridge.client-id",
+        "bridge_client_id",
+        str,
+        "bridge: MQTT client id; keep it stable across restarts, the session is kept under it "
+        "(default: gpu-exporter-bridge-<hostname>)",
+        "ID",
+    ),
+    Option(
+        "bridge.session-expiry",
+        "bridge_session_expiry",
+        _duration_at_least(1),
+        "bridge: how long the broker keeps the session and its messages while the bridge is away",
+        "DURATION",
+    ),
+    Option(
+        "bridge.listen-address", "bridge_listen_address", _listen, "bridge: address of its own /metrics", "[HOST]:PORT"
+    ),
+    Option(
+        "bridge.max-inflight",
+        "bridge_max_inflight",
+        _int_between(1, 65535),
+        "bridge: unacknowledged messages the broker may send at once (MQTT 5 Receive Maximum)",
+        "N",
+    ),
+    Option(
+        "bridge.write-linger",
+        "bridge_write_linger",
+        _seconds_between(0, 60),
+        "bridge: how long the writer waits for more messages before a remote write, so that messages "
+        "arriving one at a time are written together; adds at most this much to the lag (0: no wait)",
+        "DURATION",
+    ),
+    Option(
+        "bridge.max-inflight-bytes",
+        "bridge_max_inflight_bytes",
+        _size_between(64 * 1024, 1 << 34),
+        "bridge: payload bytes it holds unacknowledged; at this bound (or --bridge.max-inflight messages) "
+        "it stops reading from the broker, which keeps the rest",
+        "SIZE",
+    ),
+    Option(
+        "bridge.max-payload",
+        "bridge_max_payload",
+        _max_payload,
+        "bridge: larger payloads (compressed or inflated) are dropped and counted",
+        "SIZE",
+    ),
+    Option(
+        "bridge.max-packet-size",
+        "bridge_max_packet_size",
+        _packet_size,
+        "bridge: MQTT 5 Maximum Packet Size announced to the broker, which then does not send larger "
+        "messages (0: --bridge.max-payload plus 64KiB)",
+        "SIZE",
+    ),
+    Option(
+        "bridge.node-label",
+        "bridge_node_label",
+        _label_name,
+        "bridge: label that carries the node name on every series",
+        "NAME",
+    ),
+    Option(
+        "bridge.series-cache",
+        "bridge_series_cache",
+        _int_between(1, 100_000_000),
+        "bridge: bound of the per-device bookkeeping, in units of ~300 bytes (a device is about 6)",
+        "N",
+    ),
+    Option(
+        "bridge.max-series-per-node",
+        "bridge_max_series_per_node",
+        _positive_int,
+        "bridge: distinct series one node may create; values of further series are dropped and counted",
+        "N",
+    ),
+    Option(
+        "bridge.max-series",
+        "bridge_max_series",
+        _int_between(1, 100_000_000),
+        "bridge: distinct active series all nodes together may create; values of further series are dropped "
+        "and counted",
+        "N",
+    ),
+    Option(
+        "bridge.new-nodes-per-minute",
+        "bridge_new_nodes_per_minute",
+        _int_between(1, 1_000_000),
+        "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
+        "a start: its session's backlog and retained status messages); batches of further new names are "
+        "dropped and counted",
+        "N",
+    ),
+    Option(
+        "bridge.max-clock-skew",
+        "bridge_max_clock_skew",
+        _duration_at_least(1),
+        "bridge: a node's clock may be this far off the bridge's before its batches are corrected or "
+        "refused (--bridge.clock-skew-policy); samples after the bridge's clock are never written",
+        "DURATION",
+    ),
+    Option(
+        "bridge.clock-skew-policy",
+        "bridge_clock_skew_policy",
+        _choice("correct", "refuse"),
+        "bridge: batches of a node whose clock is off by more than --bridge.max-clock-skew: move their "
+        "timestamps by the measured offset, or refuse them (counted per node)",
+        "POLICY",
+    ),
+    Option(
+        "bridge.state-dir",
+        "bridge_state_dir",
+        str,
+        "bridge: folder for the record of what it wrote, so that a restarted bridge does not write again "
+        "what the broker delivers again (an emptyDir in Kubernetes; empty: no record)",
+        "DIR",
+    ),
+)
+
+REMOTE_WRITE_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "remote-write.url",
+        "remote_write_url",
+        _http_url,
+        "bridge: Prometheus remote-write endpoint, e.g. http://prometheus:9090/api/v1/write",
+        "URL",
+    ),
+    Option("remote-write.username", "remote_write_username", str, "bridge: basic-auth user", "USER"),
+    Option(
+        "remote-write.password-file",
+        "remote_write_password_file",
+        str,
+        "bridge: file holding the basic-auth password",
+        "FILE",
+    ),
+    Option(
+        "remote-write.bearer-token-file",
+        "remote_write_bearer_token_file",
+        str,
+        "bridge: file holding a bearer token",
+        "FILE",
+    ),
+    Option(
+        "remote-write.tls.ca-file",
+        "remote_write_tls_ca_file",
+        str,
+        "bridge: CA bundle to verify the remote-write server",
+        "FILE",
+    ),
+    Option(
+        "remote-write.tls.cert-file",
+        "remote_write_tls_cert_file",
+        str,
+        "bridge: client certificate for the remote-write server",
+        "FILE",
+    ),
+    Option(
+        "remote-write.tls.key-file", "remote_write_tls_key_file", str, "bridge: key of the client certificate", "FILE"
+    ),
+    Option(
+        "remote-write.tls.insecure-skip-verify",
+        "remote_write_tls_insecure_skip_verify",
+        _bool,
+        "bridge: do not verify the server certificate (testing only)",
+        "BOOL",
+    ),
+    Option(
+        "remote-write.timeout",
+        "remote_write_timeout",
+        _duration_at_least(0.1, 600),
+        "bridge: timeout of one remote-write request",
+        "DURATION",
+    ),
+    Option(
+        "remote-write.max-samples-per-request",
+        "remote_write_max_samples",
+        _int_between(1, 1_000_000),
+        "bridge: larger writes are split into several requests",
+        "N",
+    ),
+    Option(
+        "remote-write.headers",
+        "remote_write_headers",
+        _headers,
+        "bridge: extra HTTP headers, comma-separated Name=value (X-Scope-OrgID=fleet for Mimir, "
+        "THANOS-TENANT=fleet for Thanos Receive)",
+        "LIST",
+    ),
+    Option(
+        "remote-write.max-backoff",
+        "remote_write_max_backoff",
+        _duration_at_least(0.01, 3600),
+        "bridge: longest wait between retries of a failing write (5xx, 429, network)",
+        "DURATION",
+    ),
+)

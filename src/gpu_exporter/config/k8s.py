@@ -1,0 +1,68 @@
+"""Kubernetes options: metric naming for dcgm-exporter's dashboards, and pod attribution."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gpu_exporter.config.parsers import Option, _bool, _choice, _idle_power, _interval, _path
+
+__all__ = ["K8S_OPTIONS", "K8sOptions"]
+
+
+@dataclass(frozen=True)
+class K8sOptions:
+    metrics_naming: str = "native"
+    k8s_pod_attribution: bool = False
+    k8s_kubelet_socket: str = "/var/lib/kubelet/pod-resources/kubelet.sock"
+    k8s_pod_logs_path: str = "/var/log/pods"
+    k8s_idle_power: float | None = None  # watts; None: the lowest power seen on each GPU
+    k8s_refresh_interval: float = 10.0
+
+
+K8S_OPTIONS: tuple[Option, ...] = (
+    Option(
+        "metrics.naming",
+        "metrics_naming",
+        _choice("native", "dcgm"),
+        "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "
+        "and labels, for its dashboards and alerts)",
+        "STYLE",
+    ),
+    Option(
+        "k8s.pod-attribution",
+        "k8s_pod_attribution",
+        _bool,
+        "map GPU processes to Kubernetes pods (gpu_pod_* metrics), in the background",
+        "BOOL",
+    ),
+    Option(
+        "k8s.kubelet-socket",
+        "k8s_kubelet_socket",
+        _path,
+        "kubelet pod-resources socket; when absent (KubeEdge) pods are found through /proc cgroups",
+        "PATH",
+    ),
+    Option(
+        "k8s.pod-logs-path",
+        "k8s_pod_logs_path",
+        _path,
+        "the kubelet's pod log directory, whose names give namespace, pod and container "
+        "(its sibling containers/ maps container IDs to names)",
+        "PATH",
+    ),
+    Option(
+        "k8s.idle-power",
+        "k8s_idle_power",
+        _idle_power,
+        "GPU idle power in watts, subtracted before energy is split among pods "
+        "(default: the lowest power seen on each GPU)",
+        "WATTS",
+    ),
+    Option(
+        "k8s.refresh-interval",
+        "k8s_refresh_interval",
+        _interval,
+        "how often the pod log directories are re-indexed (a new pod is looked up at once)",
+        "DURATION",
+    ),
+)

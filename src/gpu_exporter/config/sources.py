@@ -1,0 +1,134 @@
+"""Reading the options from their four sources: flag > env ``GPU_EXPORTER_*`` > YAML file > default.
+
+The CLI flags, the environment variable names and the YAML keys are all derived from the option table,
+so they cannot drift apart. YAML keys are the flag names without the leading dashes
+(``web.listen-address: ":9400"``), flat or nested (``web: {listen-address: ...}``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from gpu_exporter.config.checks import check
+from gpu_exporter.config.model import ALL_OPTIONS, BY_NAME, OPTIONS, SWITCHES, Config
+from gpu_exporter.config.parsers import ConfigError
+from gpu_exporter.units import format_duration
+
+__all__ = ["ENV_PREFIX", "add_arguments", "env_name", "load", "read_file"]
+
+ENV_PREFIX = "GPU_EXPORTER_"
+
+
+def env_name(option_name: str) -> str:
+    return ENV_PREFIX + re.sub(r"[.\-]", "_", option_name).upper()
+
+
+def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool] | None = None) -> None:
+    """Declare the options (those ``include`` accepts by name) as flags; defaults are SUPPRESSed so that
+    we see what was given."""
+    parser.add_argument(
+        "--config.file",
+        dest="config.file",
+        metavar="FILE",
+        default=argparse.SUPPRESS,
+        help=f"YAML file with any of these options (env {env_name('config.file')})",
+    )
+    for opt in OPTIONS:
+        if include is not None and not include(opt.name):
+            continue
+        default = getattr(Config(), opt.field)
+        if isinstance(default, float) and opt.metavar == "DURATION":
+            default = format_duration(default)
+        shown = f" (default: {default})" if default not in ("", None) else ""
+        parser.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            metavar=opt.metavar,
+            default=argparse.SUPPRESS,
+            help=f"{opt.help}{shown}",
+        )
+    group = parser.add_argument_group("collectors (all enabled by default)")
+    for opt in SWITCHES:
+        group.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            action=argparse.BooleanOptionalAction,
+            default=argparse.SUPPRESS,
+            help=opt.help,
+        )
+
+
+def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:
+    lines: Mapping[str, int] = data.get("__lines__", {})
+    out: dict[str, tuple[Any, int]] = {}
+    for key, value in data.items():
+        if key == "__lines__":
+            continue
+        name = f"{prefix}{str(key).replace('_', '-')}"
+        if isinstance(value, Mapping) and f"{name}" not in BY_NAME:
+            out.update(_flatten(value, name + "."))
+        else:
+            out[name] = (value, lines.get(key, 0))
+    return out
+
+
+def read_file(path: str) -> dict[str, tuple[Any, int]]:
+    from gpu_exporter import safeyaml  # bounded size and depth, no aliases, UTF-8 only
+
+    try:
+        data = safeyaml.load_file(path, what="config file")
+    except ValueError as exc:
+        raise ConfigError(str(exc)) from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError(f"invalid config file {path}: expected a mapping of option names to values")
+    return _flatten(data)
+
+
+def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> Config:
+    """Merge the sources into a Config, or raise ConfigError naming the source of a bad value."""
+    environ = os.environ if environ is None else environ
+    values: dict[str, tuple[Any, str]] = {}
+
+    config_file = args.get("config.file") or environ.get(env_name("config.file"), "")
+    if config_file:
+        for name, (value, line) in read_file(config_file).items():
+            if name not in BY_NAME:
+                raise ConfigError(f"{config_file}:{line}: unknown option {name!r}")
+            values[name] = (value, f"{config_file}:{line}")
+    for opt in ALL_OPTIONS:
+        env = env_name(opt.name)
+        if env in environ:
+            values[opt.name] = (environ[env], f"environment variable {env}")
+        if opt.name in args:
+            values[opt.name] = (args[opt.name], f"flag --{opt.name}")
+
+    fields: dict[str, Any] = {}
+    disabled: set[str] = set()
+    for name, (raw, source) in values.items():
+        opt = BY_NAME[name]
+        if isinstance(raw, (list, dict)):  # str() of a YAML list would pass as a value: ['a', 'b'] is a regex
+            what = "a list" if isinstance(raw, list) else "a mapping"
+            raise ConfigError(f"{source}: --{name} takes one value, not {what} (join several with '|' or ',')")
+        try:
+            parsed = opt.parse(str(raw).lower() if isinstance(raw, bool) else str(raw))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+        if opt.is_switch:
+            if not parsed:
+                disabled.add(name.split(".", 1)[1])
+        else:
+            fields[opt.field] = parsed
+    fields["disabled_collectors"] = frozenset(disabled)
+    fields["config_file"] = str(config_file)
+    if not fields.get("node_name"):
+        fields["node_name"] = environ.get("NODE_NAME") or socket.gethostname()
+    config = Config(**fields)
+    check(config)
+    return config
