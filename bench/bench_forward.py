@@ -39,7 +39,8 @@ from gpu_exporter.backends.fake import SimNvml  # noqa: E402
 from gpu_exporter.backends.nvml import NvmlBackend  # noqa: E402
 from gpu_exporter.exposition import native_view, render  # noqa: E402
 from gpu_exporter.forward.batch import Batch, encode, peek  # noqa: E402
-from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402
+from gpu_exporter.forward.prepare import round_values  # noqa: E402
+from gpu_exporter.forward.service import MAX_GROWTH, Forwarder  # noqa: E402
 from gpu_exporter.forward.spool import Spool  # noqa: E402
 from gpu_exporter.model import DeviceId, DeviceSample, Sample  # noqa: E402
 from gpu_exporter.ring import RingBuffer  # noqa: E402

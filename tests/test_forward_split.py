@@ -21,7 +21,7 @@ from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.service import _stream
 from gpu_exporter.forward import batch as codec
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode, to_document
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.forward.split import part_name, split
 from gpu_exporter.forward.summary import encode_summary, summarize
 from gpu_exporter.model import Sample

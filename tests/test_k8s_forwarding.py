@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_exporter.forward.batch import Batch, decode, encode
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.forward.tail import lines
 from gpu_exporter.k8s import PodAttributor
 from gpu_exporter.ring import RingBuffer
