@@ -21,10 +21,11 @@ from types import SimpleNamespace
 import pytest
 
 from gpu_exporter import config as cfg
-from gpu_exporter.forward import sendtime
 from gpu_exporter.forward.batch import Batch, encode
-from gpu_exporter.forward.mqtt import Link, LinkSettings
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.service import WINDOW
+from gpu_exporter.mqtt import sendtime
+from gpu_exporter.mqtt.settings import LinkSettings
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))
 

@@ -17,9 +17,9 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.bridge.clock import Stamp, stamp_of
 from gpu_exporter.bridge.service import Bridge, BridgeSettings, Received
-from gpu_exporter.forward import sendtime
 from gpu_exporter.forward.batch import Batch, encode
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.mqtt import sendtime
 
 from .bridge_helpers import ScriptedReceiver, make_batch
 

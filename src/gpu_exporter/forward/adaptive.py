@@ -39,11 +39,12 @@ from typing import Any
 
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
 from gpu_exporter.forward.link_meter import LEAVE, LinkMeter
-from gpu_exporter.forward.mqtt import Link, payload_budget
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.summary import Window, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.mqtt.packet import payload_budget
 
 __all__ = ["COARSE_SECONDS", "EVERY", "MAX_BACKLOG", "Adaptive"]
 

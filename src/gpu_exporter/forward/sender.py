@@ -22,12 +22,13 @@ from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import PayloadError, decode, verify
 from gpu_exporter.forward.forward_metrics import ForwardMetrics
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link, payload_budget, publish_size
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.prepare import OpenBatch
 from gpu_exporter.forward.split import split
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.model import Sample
+from gpu_exporter.mqtt.packet import payload_budget, publish_size
 
 __all__ = ["ACK_TIMEOUT", "Sender"]
 

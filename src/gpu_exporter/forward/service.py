@@ -42,7 +42,7 @@ from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.batch import Batch, PayloadError, decode, encode
 from gpu_exporter.forward.forward_metrics import ForwardMetrics
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link, LinkSettings
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.prepare import OpenBatch, has_event, round_values
 from gpu_exporter.forward.sender import Sender
 from gpu_exporter.forward.split import split
@@ -51,6 +51,7 @@ from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.spool_metrics import SpoolCollector
 from gpu_exporter.forward.twins import TwinWatch
 from gpu_exporter.model import Sample, SeriesKey
+from gpu_exporter.mqtt.settings import LinkSettings
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["MAX_GROWTH", "WINDOW", "Forwarder"]
