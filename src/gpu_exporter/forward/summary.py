@@ -25,7 +25,7 @@ __all__ = ["COUNTERS", "EVENT_COUNTERS", "STATS", "Window", "encode_summary", "m
 STATS = ("min", "max", "mean", "last")
 COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
 # Counters an alert waits for: in every summary whatever the link, and a change of one closes the open
-# batch at once (forward/service.py's EVENT_KEYS).
+# batch at once (forward/prepare.py's EVENT_KEYS).
 EVENT_COUNTERS = frozenset(
     (
         "xid_errors",
