@@ -51,7 +51,7 @@ from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.spool_metrics import SpoolCollector
 from gpu_exporter.forward.twins import TwinWatch
 from gpu_exporter.model import Sample, SeriesKey
-from gpu_exporter.mqtt.settings import LinkSettings
+from gpu_exporter.mqtt.settings import LINK_FIELDS, LinkSettings
 from gpu_exporter.ring import RingBuffer
 
 __all__ = ["MAX_GROWTH", "WINDOW", "Forwarder"]
@@ -64,18 +64,6 @@ _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
 _GRACE = 120.0  # seconds without a broker connection before forwarding counts as not working
 _LOG_EVERY = 60.0
-
-
-_LINK_FIELDS = (
-    "mqtt_url",
-    "mqtt_username",
-    "mqtt_password_file",
-    "mqtt_tls_ca_file",
-    "mqtt_tls_cert_file",
-    "mqtt_tls_key_file",
-    "mqtt_keepalive",
-    "mqtt_reconnect_max_delay",
-)
 
 
 class Forwarder(Sender):
@@ -221,7 +209,7 @@ class Forwarder(Sender):
     def _apply(self, new: Config) -> None:
         old = self.config
         settings = None
-        if any(getattr(old, f) != getattr(new, f) for f in _LINK_FIELDS):
+        if any(getattr(old, f) != getattr(new, f) for f in LINK_FIELDS):
             # first: TLS files changed since the reload's check raise here, and nothing has changed yet,
             # so the next reload tries the new broker settings again
             settings = LinkSettings.from_config(new, window=WINDOW)

@@ -10,10 +10,22 @@ from urllib.parse import urlsplit
 
 from gpu_exporter.config import Config, tls_context
 
-__all__ = ["OWN_MAX_PACKET", "LinkSettings", "broker_address", "read_password", "read_password_bytes"]
+__all__ = ["LINK_FIELDS", "OWN_MAX_PACKET", "LinkSettings", "broker_address", "read_password", "read_password_bytes"]
 
 OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 _PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
+# The options a connection is made from: a reload that changes one of them reconnects the forwarder with
+# fresh settings (the others it applies to the open connection).
+LINK_FIELDS = (
+    "mqtt_url",
+    "mqtt_username",
+    "mqtt_password_file",
+    "mqtt_tls_ca_file",
+    "mqtt_tls_cert_file",
+    "mqtt_tls_key_file",
+    "mqtt_keepalive",
+    "mqtt_reconnect_max_delay",
+)
 
 
 def broker_address(url: str) -> tuple[str, int, bool]:
