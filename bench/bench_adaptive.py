@@ -50,7 +50,8 @@ from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402
 from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
 from gpu_exporter.forward.adaptive import COARSE_SECONDS, Adaptive  # noqa: E402
 from gpu_exporter.forward.link_meter import LinkMeter  # noqa: E402
-from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402
+from gpu_exporter.forward.prepare import round_values  # noqa: E402
+from gpu_exporter.forward.service import MAX_GROWTH, Forwarder  # noqa: E402
 from gpu_exporter.forward.summary import encode_summary, summarize  # noqa: E402
 from gpu_exporter.model import DeviceId, DeviceSample, Sample  # noqa: E402
 from gpu_exporter.payload import Batch, encode  # noqa: E402

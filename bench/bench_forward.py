@@ -38,7 +38,8 @@ from gpu_exporter import config as cfg  # noqa: E402
 from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402
 from gpu_exporter.backends.nvidia.backend import NvmlBackend  # noqa: E402
 from gpu_exporter.exposition import native_view, render  # noqa: E402
-from gpu_exporter.forward.service import MAX_GROWTH, Forwarder, round_values  # noqa: E402
+from gpu_exporter.forward.prepare import round_values  # noqa: E402
+from gpu_exporter.forward.service import MAX_GROWTH, Forwarder  # noqa: E402
 from gpu_exporter.forward.spool import Spool  # noqa: E402
 from gpu_exporter.model import DeviceId, DeviceSample, Sample  # noqa: E402
 from gpu_exporter.payload import Batch, encode, peek  # noqa: E402

@@ -27,7 +27,7 @@ from dataclasses import dataclass, field
 
 import fleet_wire as wire
 from fleet_payloads import Message, Templates
-from gpu_exporter.forward import sendtime
+from gpu_exporter.mqtt import sendtime
 
 __all__ = ["Fleet", "FleetSettings", "Node", "raise_nofile"]
 

@@ -1,7 +1,7 @@
 """Batches of simulated 8-GPU nodes, made as the agent makes them, cheaply enough for 5,000 nodes.
 
 The agent reads its backend every interval (``--gpu-vendor=fake``: the real NVML backend over the
-simulated library), rounds the values (``forward.service.round_values``) and, when a batch closes,
+simulated library), rounds the values (``forward.prepare.round_values``) and, when a batch closes,
 encodes its samples (``payload.encode``: JSON, zlib level 9 with the payload's dictionary). Done
 for every node, that costs about 130 ms of CPU per 24-sample batch: 5,000 nodes would need a core of
 their own. So the bench reads the simulator once per *template* (a window of consecutive samples of one
@@ -30,7 +30,7 @@ from gpu_exporter import catalog
 from gpu_exporter import config as cfg
 from gpu_exporter.backends.fake.backend import SimNvml
 from gpu_exporter.backends.nvidia.backend import NvmlBackend
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.payload import Batch, to_document
 from gpu_exporter.payload._zdict import ZDICT

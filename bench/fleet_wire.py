@@ -4,7 +4,7 @@ One Python process cannot run 5,000 paho clients (a thread-free paho client stil
 and hundreds of Python calls per packet), so the bench writes the few packets an agent sends by hand:
 CONNECT (clean start, keepalive, Maximum Packet Size, a retained QoS 1 last will ``offline``), the
 retained QoS 1 status ``online``, QoS 1 PUBLISH of a batch stamped with the send time
-(``forward/sendtime.py``: Message Expiry Interval, then the user property ``sent``, in paho's order),
+(``mqtt/sendtime.py``: Message Expiry Interval, then the user property ``sent``, in paho's order),
 PINGREQ and DISCONNECT. tests/test_bench_fleet_wire.py checks these bytes against what the agent's own
 ``Link`` (paho) puts on the wire for the same node, payload and clock.
 """

@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 
 from gpu_exporter import catalog
-from gpu_exporter.forward.service import has_event
+from gpu_exporter.forward.prepare import has_event
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 
 DEVICES = (DeviceId("0", "GPU-0000"), DeviceId("1", "GPU-1111"), DeviceId("2", "MIG-2222", "1", "0", "1g", "GPU-1111"))

@@ -21,9 +21,10 @@ from types import SimpleNamespace
 import pytest
 
 from gpu_exporter import config as cfg
-from gpu_exporter.forward import sendtime
-from gpu_exporter.forward.mqtt import Link, LinkSettings
+from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.service import WINDOW
+from gpu_exporter.mqtt import sendtime
+from gpu_exporter.mqtt.settings import LinkSettings
 from gpu_exporter.payload import Batch, encode
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "bench"))

@@ -18,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter.bridge.clock import Stamp, stamp_of
 from gpu_exporter.bridge.service import Bridge, Received
 from gpu_exporter.bridge.settings import BridgeSettings
-from gpu_exporter.forward import sendtime
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.mqtt import sendtime
 from gpu_exporter.payload import Batch, encode
 
 from .bridge_helpers import ScriptedReceiver, make_batch

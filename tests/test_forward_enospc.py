@@ -24,7 +24,8 @@ from pathlib import Path
 
 import pytest
 
-from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.forward.spool import Spool
+from gpu_exporter.forward.spool_index import Entry
 
 from .agent_proc import FAST, Proc
 from .mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from gpu_exporter import catalog
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch, decode, encode
 

@@ -22,7 +22,8 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import config as cfg
 from gpu_exporter.backends.fake.backend import SimNvml
 from gpu_exporter.backends.nvidia.backend import NvmlBackend
-from gpu_exporter.forward.service import Forwarder, round_values
+from gpu_exporter.forward.prepare import round_values
+from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch

@@ -9,7 +9,9 @@ import socket
 import pytest
 
 from gpu_exporter.forward.link_meter import FIRST_WINDOW, MIN_WINDOW, OPEN, PACE, LinkMeter
-from gpu_exporter.forward.mqtt import Link, LinkSettings, _Guard
+from gpu_exporter.forward.mqtt import Link
+from gpu_exporter.mqtt.packet import PacketGuard as _Guard
+from gpu_exporter.mqtt.settings import LinkSettings
 
 
 def test_nothing_unacknowledged_passes_what_the_link_carries_in_a_share_of_the_keepalive() -> None:

@@ -24,7 +24,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter import config as cfg
 from gpu_exporter.forward import service
-from gpu_exporter.forward import spool as spool_module
+from gpu_exporter.forward import spool_faults as spool_module
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.ring import RingBuffer

@@ -14,8 +14,10 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
-from gpu_exporter.forward.service import EVENT_KEYS, Forwarder, has_event
-from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.forward.prepare import EVENT_KEYS, has_event
+from gpu_exporter.forward.service import Forwarder
+from gpu_exporter.forward.spool import Spool
+from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch, encode
 from gpu_exporter.ring import RingBuffer

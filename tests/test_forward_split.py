@@ -19,7 +19,7 @@ from gpu_exporter.backends.fake.backend import SimNvml
 from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.service import _stream
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.forward.summary import encode_summary, summarize
 from gpu_exporter.model import Sample
 from gpu_exporter.payload import Batch, PayloadError, columns, decode, encode, to_document

@@ -180,7 +180,8 @@ def test_a_full_disk_is_counted_and_never_raises(tmp_path: Path) -> None:
     script = textwrap.dedent(
         f"""
         import resource, signal, sys
-        from gpu_exporter.forward.spool import Spool, _MEMORY_CAP
+        from gpu_exporter.forward.spool import Spool
+        from gpu_exporter.forward.spool_faults import _MEMORY_CAP
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         drops = {{}}
         def on_drop(reason, batches, samples):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter import config as cfg
-from gpu_exporter.forward.mqtt import read_password_bytes
+from gpu_exporter.mqtt.settings import read_password_bytes
 
 from .conftest import child_env, exporter_cmd
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_exporter.forward.service import round_values
+from gpu_exporter.forward.prepare import round_values
 from gpu_exporter.forward.tail import lines
 from gpu_exporter.k8s import PodAttributor
 from gpu_exporter.payload import Batch, decode, encode

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.spool import Entry
+from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.summary import encode_summary
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 

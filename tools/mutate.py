@@ -102,7 +102,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "spool-log-every-refusal",
-            "src/gpu_exporter/forward/spool.py",
+            "src/gpu_exporter/forward/spool_faults.py",
             "        if not self._refusing or now - self._logged_at >= _LOG_EVERY:\n",
             "        if True:\n",
             ("tests/test_forward_spool.py",),
@@ -113,7 +113,7 @@ MUTANTS: tuple[Mutant, ...] = (
         "forwarder",
         Mutant(
             "forwarder-refusal-as-ack",
-            "src/gpu_exporter/forward/service.py",
+            "src/gpu_exporter/forward/sender.py",
             "        if not ok:\n            self.metrics.publish_errors.inc()\n",
             "        if False:\n            self.metrics.publish_errors.inc()\n",
             ("tests/test_forward_paths.py",),
@@ -121,7 +121,7 @@ MUTANTS: tuple[Mutant, ...] = (
         ),
         Mutant(
             "forwarder-replay-burst",
-            "src/gpu_exporter/forward/service.py",
+            "src/gpu_exporter/forward/sender.py",
             "        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)\n",
             "        self._tokens = self._tokens + (now - self._tokens_at) * rate\n",
             ("tests/test_forward_paths.py",),
@@ -769,7 +769,7 @@ MUTANTS += (
         ),
         Mutant(
             "spool-wal-lost-bytes-whole-file",
-            "src/gpu_exporter/forward/spool.py",
+            "src/gpu_exporter/forward/spool_faults.py",
             "        self.wal_lost_bytes += damage.lost\n",
             "        self.wal_lost_bytes += damage.size\n",
             (f"{_TAMPER}::test_a_garbage_wal_is_counted_with_its_size_and_kept_aside",),

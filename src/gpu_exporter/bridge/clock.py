@@ -1,7 +1,7 @@
 """Edge clocks: skew measured per batch, corrected or refused by policy, and never a sample in the future.
 
 The agent stamps each PUBLISH with its clock (user property ``sent``) and a Message Expiry Interval
-that the broker reduces by the seconds it held the message (forward/sendtime.py). On receipt::
+that the broker reduces by the seconds it held the message (mqtt/sendtime.py). On receipt::
 
     skew = sent - (received - held)
 
@@ -37,7 +37,7 @@ from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from gpu_exporter.bridge.metrics import BridgeMetrics, NodeNames
-from gpu_exporter.forward import sendtime
+from gpu_exporter.mqtt import sendtime
 from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["POLICIES", "ClockGuard", "Stamp", "stamp_of"]

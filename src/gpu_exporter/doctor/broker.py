@@ -8,11 +8,11 @@ import ssl
 import threading
 import time
 import uuid
-from typing import Any, cast
-from urllib.parse import urlsplit
+from typing import Any
 
 from gpu_exporter import config as cfg
 from gpu_exporter.doctor.checks import FAIL, OK, SKIP, WARN, Node, Result
+from gpu_exporter.mqtt.settings import broker_address
 
 __all__ = ["broker", "clock"]
 
@@ -20,28 +20,18 @@ __all__ = ["broker", "clock"]
 CLOCK_FLOOR = 1735689600.0
 
 
-def _address(config: cfg.Config) -> tuple[str, int, bool]:
-    url = urlsplit(config.mqtt_url)
-    secure = url.scheme == "mqtts"
-    return url.hostname or "", url.port or (8883 if secure else 1883), secure
-
-
 def broker(node: Node) -> Result:
     """CONNECT with the agent's TLS settings and credentials; the CONNACK says whether they work."""
     import paho.mqtt.client as paho
-    from paho.mqtt.enums import CallbackAPIVersion
+
+    from gpu_exporter.mqtt.client import new_client
+    from gpu_exporter.mqtt.settings import LinkSettings, read_password
 
     name = "mqtt-broker"
     c = node.config
     if not c.mqtt_url:
         return Result(name, SKIP, "forwarding off (no --mqtt.url)")
-    host, port, secure = _address(c)
-    v5 = c.mqtt_protocol == "5"
-    client = paho.Client(
-        CallbackAPIVersion.VERSION2,
-        client_id=f"gpu-exporter-doctor-{uuid.uuid4().hex[:8]}",
-        protocol=paho.MQTTv5 if v5 else paho.MQTTv311,
-    )
+    host, port, secure = broker_address(c.mqtt_url)
     answer: dict[str, Any] = {}
     done = threading.Event()
 
@@ -49,15 +39,10 @@ def broker(node: Node) -> Result:
         answer["reason"] = reason
         done.set()
 
-    client.on_connect = on_connect
     try:
-        if secure:
-            client.tls_set_context(cfg.tls_context(c))
-        if c.mqtt_username:
-            from gpu_exporter.forward.mqtt import read_password_bytes
-
-            password = read_password_bytes(c.mqtt_password_file) if c.mqtt_password_file else None
-            client.username_pw_set(c.mqtt_username, cast(str | None, password))  # paho sends bytes as they are
+        settings = LinkSettings.from_config(c, client_id=f"gpu-exporter-doctor-{uuid.uuid4().hex[:8]}")
+        client = new_client(settings, read_password(settings) if settings.username else None)
+        client.on_connect = on_connect
         client.connect(host, port, keepalive=10)
     except cfg.ConfigError as exc:
         return Result(name, FAIL, str(exc), "fix the TLS files named above")
@@ -114,7 +99,7 @@ def clock(node: Node) -> Result:
         )
     if not c.mqtt_url.startswith("mqtts://"):
         return Result(name, OK, "plausible (plain MQTT carries no time to compare with)")
-    host, port, _ = _address(c)
+    host, port, _ = broker_address(c.mqtt_url)
     try:
         ctx = cfg.tls_context(c)
         ctx.check_hostname = False  # the name is the mqtt-broker check's business; the dates are ours

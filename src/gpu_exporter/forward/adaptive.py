@@ -38,10 +38,11 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from gpu_exporter.forward.link_meter import LEAVE, LinkMeter
-from gpu_exporter.forward.mqtt import Link, payload_budget
-from gpu_exporter.forward.spool import Entry
+from gpu_exporter.forward.mqtt import Link
+from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.summary import Window, encode_summary, merge, summarize
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.mqtt.packet import payload_budget
 from gpu_exporter.payload import Batch, PayloadError, decode, encode
 from gpu_exporter.payload.split import split
 

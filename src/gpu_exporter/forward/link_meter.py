@@ -15,7 +15,7 @@ unacknowledged never exceeds what the link carries in ``PACE`` of the keepalive 
 packet is larger than ``PACKET`` of it (``packet_cap()``; such a packet goes alone, and cutting a summary
 to the window would cost each part its headers): the keepalive's PINGRESP comes back in time on a saturated
 uplink, and a PUBACK that is much later than that means the broker is not acknowledging
-(forward/service.py). Nor, beyond one packet, more than the link carries within TCP's own retransmission
+(forward/sender.py). Nor, beyond one packet, more than the link carries within TCP's own retransmission
 timeout (read from the socket, ``TCP_INFO``): early on a connection that timer rests on round trips of
 tiny packets (the handshake, a burst) and is far shorter than a thin link takes for a segment, and data
 behind it would be sent twice by TCP, each full segment costing the link ten seconds at 150 B/s. The

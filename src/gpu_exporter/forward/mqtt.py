@@ -26,135 +26,30 @@ import ssl
 import struct
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any, cast
-from urllib.parse import urlsplit
+from typing import Any
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import MQTTErrorCode
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from gpu_exporter.config import Config, tls_context
 from gpu_exporter.config import error_reason as _reason
-from gpu_exporter.forward import sendtime
+from gpu_exporter.mqtt import sendtime
+from gpu_exporter.mqtt.client import new_client
+from gpu_exporter.mqtt.packet import PacketGuard, publish_size
+from gpu_exporter.mqtt.settings import LinkSettings, read_password
 
-__all__ = ["Link", "LinkSettings", "payload_budget", "publish_size", "tls_context"]
+__all__ = ["Link"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
 _FIRST_DELAY = 0.5  # seconds before the first retry; doubles up to the configured cap
 STABLE = 10.0  # seconds a connection must last before a lost connection resets the backoff
 _REPEAT = 60.0  # seconds before the same problem is logged again
-OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client connected with the same client id
 _UNSPECIFIED = 0x80  # what paho reports for a connection the peer closed without a reason
-_CHUNK = 16 * 1024  # the most one read of a packet's body asks for
-_PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
-
-
-class _Guard:
-    """The socket paho reads from, with each packet's fixed header parsed as it passes.
-
-    paho-mqtt 2 reads an incoming packet whole before any callback can see its size, asking the socket
-    for the rest of the packet in one recv() (which allocates that much at once). Through the guard a
-    packet whose remaining length puts it over ``limit`` (the Maximum Packet Size the agent announced)
-    is refused as soon as its header is in, before one byte of its body is read, and no read asks for
-    more than ``_CHUNK`` bytes. Everything else is the socket's own.
-    """
-
-    def __init__(self, sock: Any, limit: int) -> None:
-        self._sock = sock
-        self.limit = limit
-        self.violation = 0  # the size of the packet refused (0: none)
-        self._header: list[int] = []  # bytes of the current fixed header read so far
-        self._body = 0  # bytes of the current packet's body still to come
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._sock, name)
-
-    def recv(self, bufsize: int, *flags: int) -> bytes:
-        if self.violation:
-            raise ConnectionAbortedError(errno.ECONNABORTED, "packet over the Maximum Packet Size")
-        data: bytes = self._sock.recv(min(bufsize, self._body, _CHUNK) if self._body else 1, *flags)
-        if self._body:
-            self._body -= len(data)
-            return data
-        for byte in data:  # one byte: a packet type, or one of the remaining length's
-            self._header.append(byte)
-            if len(self._header) == 1 or (byte & 0x80 and len(self._header) < 5):
-                continue
-            length = sum((b & 0x7F) << (7 * i) for i, b in enumerate(self._header[1:]))
-            total = len(self._header) + length
-            self._header = []
-            if total > self.limit or byte & 0x80:
-                self.violation = total
-                raise ConnectionAbortedError(errno.ECONNABORTED, "packet over the Maximum Packet Size")
-            self._body = length
-        return data
-
-
-def _varint_len(n: int) -> int:
-    return 1 if n < 128 else 2 if n < 16_384 else 3 if n < 2_097_152 else 4
-
-
-def publish_size(topic: str, payload: int, v5: bool = True) -> int:
-    """Bytes of a QoS 1 PUBLISH packet: fixed header, topic, packet id, properties (MQTT 5: the send-time
-    stamp, at its largest), payload."""
-    rest = 2 + len(topic.encode("utf-8")) + 2 + (sendtime.PACKED_MAX if v5 else 0) + payload
-    return 1 + _varint_len(rest) + rest
-
-
-def payload_budget(topic: str, max_packet: int, v5: bool = True) -> int:
-    """The largest payload whose PUBLISH to ``topic`` fits in ``max_packet`` bytes (0 when none fits)."""
-    budget = max(0, max_packet - publish_size(topic, 0, v5) - 3)  # the length field grows by 3 at most
-    while budget >= 0 and publish_size(topic, budget + 1, v5) <= max_packet:
-        budget += 1  # a few steps at most: hand back what the worst-case length field did not need
-    return budget
-
-
-@dataclass(frozen=True)
-class LinkSettings:
-    host: str
-    port: int
-    tls: ssl.SSLContext | None
-    protocol: str  # "5" or "3.1.1"
-    client_id: str
-    username: str
-    password_file: str
-    keepalive: int
-    max_delay: float
-    window: int  # most batches in flight at once
-    max_incoming: int = OWN_MAX_PACKET  # Maximum Packet Size announced in CONNECT (MQTT 5)
-
-    @classmethod
-    def from_config(cls, config: Config, client_id: str | None = None, window: int = 16) -> LinkSettings:
-        url = urlsplit(config.mqtt_url)
-        secure = url.scheme == "mqtts"
-        return cls(
-            host=url.hostname or "",
-            port=url.port or (8883 if secure else 1883),
-            tls=tls_context(config) if secure else None,
-            protocol=config.mqtt_protocol,
-            client_id=client_id or config.mqtt_client_id or f"gpu-exporter-{config.node_name}",
-            username=config.mqtt_username,
-            password_file=config.mqtt_password_file,
-            keepalive=max(5, round(config.mqtt_keepalive)),
-            max_delay=config.mqtt_reconnect_max_delay,
-            window=window,
-        )
-
-
-def read_password_bytes(path: str) -> bytes:
-    """First line of the password file, as bytes: an MQTT password is binary data, UTF-8 or not (re-read
-    at every connection, so a rotated secret is picked up)."""
-    with open(path, "rb") as handle:
-        line = handle.readline(_PASSWORD_MAX + 2).rstrip(b"\r\n")
-    if len(line) > _PASSWORD_MAX:  # a file rotated to something else: never read it whole
-        raise OSError(errno.EFBIG, f"its first line is over {_PASSWORD_MAX} bytes, MQTT's limit for a password")
-    return line
 
 
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then tcpi_rto in microseconds
@@ -201,7 +96,7 @@ class Link:
         self.status_rtt = 0.0  # seconds from connecting to the status message's PUBACK (0: not yet)
         self.refused_publish = ""  # reason of the last publish the client refused ("" when none)
         self.pace_cap = 0  # largest packet the link carries within the keepalive (forward/link_meter.py); 0: none
-        self._guard: _Guard | None = None  # the socket paho reads from, bounded (see _Guard)
+        self._guard: PacketGuard | None = None  # the socket paho reads from, bounded (see PacketGuard)
         # how the last connection ended, for twins.TwinWatch: (reason code, from a broker DISCONNECT, seconds up)
         self.last_loss: tuple[int | None, bool, float] | None = None
 
@@ -284,7 +179,7 @@ class Link:
         if client is None or self.state != "up":
             self.refused_publish = "not connected"
             return None
-        # MQTT 5: stamped with the send time here, at publish (forward/sendtime.py)
+        # MQTT 5: stamped with the send time here, at publish (mqtt/sendtime.py)
         props = sendtime.properties() if self.v5 else None
         info = client.publish(topic, payload, qos=1, retain=retain and self.retain_ok, properties=props)
         if info.rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
@@ -318,28 +213,18 @@ class Link:
     def _connect(self) -> None:
         s = self.settings
         v5 = s.protocol == "5"
-        client = paho.Client(
-            callback_api_version=CallbackAPIVersion.VERSION2,
-            client_id=s.client_id,
-            protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
-            clean_session=None if v5 else True,
-            reconnect_on_failure=False,
-        )
+        password = None
+        if s.username:
+            try:
+                password = read_password(s)
+            except OSError as exc:
+                self._fail("auth", f"cannot read --mqtt.password-file={s.password_file}: {_reason(exc)}")
+                return
+        client = new_client(s, password, reconnect_on_failure=False)
         client.max_inflight_messages_set(s.window + 1)  # + the status message: it takes no batch's slot
         client.max_queued_messages_set(s.window + 1)
         client.connect_timeout = 5.0
         client.will_set(self.will_topic, b"offline", qos=1, retain=self.retain_ok)
-        if s.username:
-            password = None
-            if s.password_file:
-                try:
-                    password = read_password_bytes(s.password_file)
-                except OSError as exc:
-                    self._fail("auth", f"cannot read --mqtt.password-file={s.password_file}: {_reason(exc)}")
-                    return
-            client.username_pw_set(s.username, cast(str, password))  # paho sends bytes as they are
-        if s.tls is not None:
-            client.tls_set_context(s.tls)
         client.on_connect = self._connected
         client.on_disconnect = self._disconnected
         client.on_publish = self._published
@@ -354,7 +239,7 @@ class Link:
             client.connect(s.host, s.port, keepalive=s.keepalive, clean_start=True if v5 else 3, properties=props)
             sock = getattr(client, "_sock", None)  # paho's socket, read through the guard from now on
             if sock is not None:
-                self._guard = _Guard(sock, s.max_incoming)
+                self._guard = PacketGuard(sock, s.max_incoming)
                 client._sock = self._guard
         except ssl.SSLCertVerificationError as exc:
             self._fail(

@@ -34,23 +34,27 @@ import uuid
 from collections import deque
 from collections.abc import Callable, Mapping
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from gpu_exporter import catalog
 from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
+from gpu_exporter.forward.forward_metrics import ForwardMetrics
 from gpu_exporter.forward.link_meter import LinkMeter
-from gpu_exporter.forward.mqtt import Link, LinkSettings, payload_budget, publish_size
-from gpu_exporter.forward.spool import Entry, Spool
+from gpu_exporter.forward.mqtt import Link
+from gpu_exporter.forward.prepare import OpenBatch, has_event, round_values
+from gpu_exporter.forward.sender import Sender
+from gpu_exporter.forward.spool import Spool
+from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.spool_metrics import SpoolCollector
-from gpu_exporter.forward.summary import EVENT_COUNTERS
 from gpu_exporter.forward.twins import TwinWatch
-from gpu_exporter.model import DeviceSample, Sample, SeriesKey
-from gpu_exporter.payload import Batch, PayloadError, decode, encode, verify
+from gpu_exporter.model import Sample, SeriesKey
+from gpu_exporter.mqtt.settings import LINK_FIELDS, LinkSettings
+from gpu_exporter.payload import Batch, PayloadError, decode, encode
 from gpu_exporter.payload.split import split
 from gpu_exporter.ring import RingBuffer
 
-__all__ = ["EVENT_KEYS", "Forwarder", "has_event", "round_values"]
+__all__ = ["MAX_GROWTH", "WINDOW", "Forwarder"]
 
 log = logging.getLogger("gpu_exporter.forward")
 
@@ -59,151 +63,10 @@ WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same
 _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
 _GRACE = 120.0  # seconds without a broker connection before forwarding counts as not working
-ACK_TIMEOUT = 2.0  # keepalives without the PUBACK of a batch in flight before the broker counts as silent
 _LOG_EVERY = 60.0
 
 
-_COUNTERS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
-# What an alert waits for: a change of one of these (or of a device's `up`, or a device coming or going)
-# closes the open batch at once, so that a long --mqtt.batch-interval never delays it. (Summaries carry
-# these counters in every window, whatever the link: forward/summary.py.)
-EVENT_KEYS = EVENT_COUNTERS
-
-
-def has_event(before: Sample, after: Sample) -> bool:
-    """Whether ``after`` tells something an alert waits for that ``before`` did not (see EVENT_KEYS)."""
-    previous = {d.device: d for d in before.devices}
-    if len(previous) != len(after.devices):
-        return True
-    for dev in after.devices:
-        old = previous.get(dev.device)
-        if old is None or old.up != dev.up:
-            return True
-        for series, value in dev.values.items():
-            if series[0] in EVENT_KEYS and old.values.get(series) != value:
-                return True
-    return False
-
-
-def round_values(
-    sample: Sample,
-    digits: int,
-    keys: frozenset[str] | None = None,
-    extra: Mapping[str, Mapping[SeriesKey, float]] | None = None,
-) -> Sample:
-    """Fractional gauge values to ``digits`` significant digits (0: unchanged); counters stay exact.
-
-    NVML's GPM ratios and float artefacts such as 496.47200000000004 W carry 17 digits, of which no
-    sensor means more than a few; rounded, they become decimals the codec stores as small integer deltas.
-    A counter is never rounded: its resolution must not degrade as it grows. With ``keys`` (from
-    ``--metrics.include``/``--metrics.exclude``) only those catalog keys are forwarded. ``extra`` adds
-    values by device UUID (the per-pod series of pod attribution).
-    """
-    if not digits and keys is None and not extra:
-        return sample
-    devices = []
-    for dev in sample.devices:
-        values = {}
-        added = extra.get(dev.device.uuid) if extra and dev.up else None
-        readings = [*dev.values.items(), *added.items()] if added else dev.values.items()
-        for series, v in readings:
-            if keys is not None and series[0] not in keys:
-                continue
-            if digits and series[0] not in _COUNTERS and math.isfinite(v) and not float(v).is_integer():
-                v = float(f"{v:.{digits}g}")
-            values[series] = v
-        devices.append(DeviceSample(dev.device, dev.up, values, dev.info, dev.processes))
-    return Sample(sample.seq, sample.timestamp, tuple(devices), sample.duration)
-
-
-class _Metrics:
-    def __init__(self, registry: CollectorRegistry) -> None:
-        p = "gpu_exporter_forward_"
-        r = registry
-        self.connected = Gauge(p + "connected", "1 while connected to the MQTT broker.", registry=r)
-        self.batches = Counter(p + "published_batches", "Batches acknowledged by the broker.", registry=r)
-        self.samples = Counter(p + "published_samples", "Samples in acknowledged batches.", registry=r)
-        self.bytes = Counter(p + "published_bytes", "Payload bytes of acknowledged batches.", registry=r)
-        self.publish_errors = Counter(
-            p + "publish_errors",
-            "Batches the client or broker refused, or whose connection dropped before the PUBACK.",
-            registry=r,
-        )
-        self.connect_errors = Counter(
-            p + "connect_errors", "Failed or lost broker connections, by kind.", ["kind"], registry=r
-        )
-        self.spool_batches = Gauge(p + "spool_batches", "Batches waiting in the spool.", registry=r)
-        self.spool_bytes = Gauge(p + "spool_bytes", "Payload bytes waiting in the spool.", registry=r)
-        self.spool_oldest = Gauge(p + "spool_oldest_age_seconds", "Age of the oldest batch in the spool.", registry=r)
-        self.spool_errors = Counter(
-            p + "spool_write_errors",
-            "Spool writes the disk refused (full, read-only, I/O error).",
-            registry=r,
-        )
-        self.dropped_batches = Counter(
-            p + "dropped_batches",
-            "Batches dropped before the broker acknowledged them, by reason.",
-            ["reason"],
-            registry=r,
-        )
-        self.dropped_samples = Counter(
-            p + "dropped_samples", "Samples in dropped batches, by reason.", ["reason"], registry=r
-        )
-        self.missed = Counter(
-            p + "missed_samples",
-            "Samples overwritten in the ring before the forwarder read them.",
-            registry=r,
-        )
-        self.backlog = Gauge(
-            p + "replay_backlog_batches",
-            "Spooled batches waiting to be replayed after an outage.",
-            registry=r,
-        )
-        self.internal_errors = Counter(
-            p + "internal_errors",
-            "Unexpected errors in the forwarder thread (each one retried after a backoff).",
-            registry=r,
-        )
-        self.working = Gauge(
-            p + "working",
-            "1 while forwarding works; 0 when the forwarder fails, the broker refuses it, or it has been "
-            "disconnected for over 2 minutes (samples wait in the spool meanwhile).",
-            registry=r,
-        )
-        self.refused = Counter(
-            p + "refused_publishes",
-            "Batches the broker refused with an MQTT 5 reason code (resent after a backoff).",
-            registry=r,
-        )
-        for reason in ("max_bytes", "max_age", "corrupt", "disk_full", "too_large"):
-            self.dropped_batches.labels(reason)
-            self.dropped_samples.labels(reason)
-        for kind in ("unreachable", "refused", "auth", "tls", "lost", "qos", "protocol", "timeout"):
-            self.connect_errors.labels(kind)
-
-
-class _OpenBatch:
-    def __init__(self, now: float) -> None:
-        self.samples: list[Sample] = []
-        self.journal: list[str] = []
-        self.opened = now
-        self.device_samples = 0
-        self.event = False  # holds a sample with news an alert waits for: close it now
-
-
-_LINK_FIELDS = (
-    "mqtt_url",
-    "mqtt_username",
-    "mqtt_password_file",
-    "mqtt_tls_ca_file",
-    "mqtt_tls_cert_file",
-    "mqtt_tls_key_file",
-    "mqtt_keepalive",
-    "mqtt_reconnect_max_delay",
-)
-
-
-class Forwarder:
+class Forwarder(Sender):
     """Store-and-forward of the ring's samples to ``<prefix>/<node>/batch`` (see module doc)."""
 
     def __init__(
@@ -224,7 +87,7 @@ class Forwarder:
         self.boot = boot or uuid.uuid4().hex
         self.topic = f"{config.mqtt_topic_prefix}/{self.node}/batch"
         self.status_topic = f"{config.mqtt_topic_prefix}/{self.node}/status"
-        self.metrics = _Metrics(registry)
+        self.metrics = ForwardMetrics(registry)
         self.metrics.working.set(1)  # until a check says otherwise (see health)
         self._clock = clock
         self.spool = Spool(config.spool_dir, config.spool_max_bytes, config.spool_max_age, self._dropped)
@@ -240,7 +103,7 @@ class Forwarder:
         self._last_seq = 0
         self._previous: Sample | None = None  # the sample taken last, prepared
         self._event_closed = -math.inf  # when an event last closed a batch early
-        self._open = _OpenBatch(clock())
+        self._open = OpenBatch(clock())
         self._growth = 1
         self._bytes_per_device_sample = 64.0  # running estimate of the payload size
         self._inflight: dict[int, Entry] = {}
@@ -346,7 +209,7 @@ class Forwarder:
     def _apply(self, new: Config) -> None:
         old = self.config
         settings = None
-        if any(getattr(old, f) != getattr(new, f) for f in _LINK_FIELDS):
+        if any(getattr(old, f) != getattr(new, f) for f in LINK_FIELDS):
             # first: TLS files changed since the reload's check raise here, and nothing has changed yet,
             # so the next reload tries the new broker settings again
             settings = LinkSettings.from_config(new, window=WINDOW)
@@ -416,7 +279,7 @@ class Forwarder:
             log.warning("forwarder fell behind the ring buffer: %d samples lost", missed)
         for sample in samples:
             if not self._open.samples:
-                self._open = _OpenBatch(self._clock())
+                self._open = OpenBatch(self._clock())
             # Prepared once, when the sample is taken: filtered, rounded, and with the per-pod series of
             # that moment (the open batch holds the ring's own object when there is nothing to change).
             prepared = self._prepare(sample)
@@ -460,7 +323,7 @@ class Forwarder:
         return max(0.0, self._open.opened + self._span() - self._clock())
 
     def _close_batch(self) -> None:
-        b, self._open = self._open, _OpenBatch(self._clock())
+        b, self._open = self._open, OpenBatch(self._clock())
         entries = self._store(b.samples, b.journal)
         span = max(self._clock() - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
         summarized = self.adaptive.closed(b.samples, entries, span, self.link.up)
@@ -468,12 +331,6 @@ class Forwarder:
             self._growth = min(MAX_GROWTH, self._growth * 2)
         elif not summarized:  # summarised: the raw batch waits in the backlog for room on the link
             self._live.extend(entries)
-
-    def _hard_limit(self, pace: bool = False) -> int:
-        """Largest payload that may ever be published: within the broker's Maximum Packet Size and, with
-        ``pace``, within what the link carries at once (``Link.packet_limit``); 0 when neither is known."""
-        packet = self.link.packet_limit() if pace else self.link.max_packet
-        return payload_budget(self.topic, packet, self.link.v5) if packet else 0
 
     def _store(
         self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "", hard: int = 0, part: str = ""
@@ -535,270 +392,6 @@ class Forwarder:
                 chunk = items[i : i + step]
                 self._store([s for s, _ in chunk], [k for _, k in chunk], node, boot)
             log.info("recovered %d journaled samples of boot %s from the spool", len(items), boot)
-
-    # ------------------------------------------------------------------------------------- sending
-
-    def _sendable(self) -> bool:
-        busy = len(self._inflight) + len(self.adaptive.inflight)
-        if not self.link.up or busy >= self.link.capacity() or self._clock() < self._hold_until:
-            return False
-        if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
-            return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
-        if self.adaptive.waiting():
-            return self.adaptive.can_send(self.link, self.topic)
-        if self.adaptive.active:
-            return False  # a raw batch goes on a weak link only as room allows: checked each turn
-        entry = self._live[0] if self._live else None
-        if entry is not None and entry.key in self._cutting:
-            parts = self._cutting[entry.key]
-            return not parts or self.meter.room(self.link.packet_size(self.topic, len(parts[0])))
-        if entry is None and len(self.spool) > len(self._inflight) and self._tokens >= 1:
-            entry = self._next_backlog(self.spool.pinned)
-        if entry is None:
-            return False
-        # a batch to cut is work to do now; one that fits waits for room in the pacing window
-        return not self.link.fits(self.topic, entry.size) or self.meter.room(
-            self.link.packet_size(self.topic, entry.size)
-        )
-
-    def _send(self) -> None:
-        now = self._clock()
-        rate = self.config.spool_replay_rate
-        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)
-        self._tokens_at = now
-        inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
-        if now < self._hold_until:
-            return  # the broker refused a batch: wait before trying again
-        if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
-            return  # summaries go before anything else
-        if self.adaptive.active:  # when the next summary is due
-            until_next = self.adaptive.next_due(time.time())
-        else:
-            until_next = self._open.opened + self._span() - now
-        while self.link.up and len(self._inflight) + len(self.adaptive.inflight) < self.link.capacity():
-            backlog = not self._live
-            if backlog:
-                if self._tokens < 1:
-                    break
-                found = self._next_backlog(inflight | {e.key for e in self._live})
-                if found is None:
-                    break
-                entry = found
-            else:
-                entry = self._live[0]
-                if entry.key in self._cutting:
-                    if not self._send_part(entry, now, until_next):
-                        break
-                    continue
-                if entry not in self.spool or entry.key in inflight:
-                    self._live.popleft()
-                    continue
-            packet = self.link.packet_size(self.topic, entry.size)
-            if self.link.fits(self.topic, entry.size) and (
-                not self.adaptive.raw_allowed(entry.size, now, until_next) or not self.meter.room(packet)
-            ):
-                break  # it waits for room (a batch that does not fit is cut below, before anything is sent)
-            if backlog:
-                self._tokens -= 1
-            else:
-                self._live.popleft()
-            data = self.spool.get(entry)
-            if data is None:
-                continue
-            try:
-                verify(data)  # zlib checksum and length: what a damaged file or a torn write breaks
-            except PayloadError as exc:
-                self.spool.quarantine(entry, data, str(exc))
-                continue
-            if self.link.max_packet and not self._fits_broker(len(data)):
-                self._live.extendleft(reversed(self._resplit(entry, data)))  # the parts go next
-                continue
-            if not self.link.fits(self.topic, len(data)):
-                self._cut(entry, data)  # what the link carries at once: parts from memory, next
-                inflight.add(entry.key)
-                continue
-            mid = self.link.publish(self.topic, data)
-            if mid is None:
-                if self.link.refused_publish != "queue full":  # a full queue is retried, not an error
-                    self.metrics.publish_errors.inc()
-                if not backlog:
-                    self._live.appendleft(entry)
-                break
-            self._inflight[mid] = entry
-            self.meter.sent(mid, packet, now)
-            inflight.add(entry.key)
-
-    def _fits_broker(self, payload: int) -> bool:
-        return publish_size(self.topic, payload, self.link.v5) <= self.link.max_packet
-
-    def _cut(self, entry: Entry, data: bytes) -> None:
-        """A spooled batch over what the link carries at once: cut in memory and sent part by part; it
-        leaves the spool when every part is acknowledged (a connection lost meanwhile: it goes again, cut
-        as the link of that moment requires; the bridge drops the parts it has by their names)."""
-        try:
-            batch = decode(data)
-        except PayloadError as exc:
-            self.spool.quarantine(entry, data, str(exc))
-            return
-        parts, unfit = split(batch, self._hard_limit(pace=True))
-        for sample, size in unfit:
-            self._too_large(sample, size, self._hard_limit(pace=True))
-        self._cutting[entry.key] = deque(d for _, d in parts)
-        self._parts_out[entry.key] = set()
-        if self._live and self._live[0] is entry:
-            return
-        self._live.appendleft(entry)
-
-    def _send_part(self, entry: Entry, now: float, until_next: float) -> bool:
-        """Publish the next part of a batch cut in memory; False when it must wait."""
-        parts = self._cutting[entry.key]
-        if not parts:  # nothing left to publish (every part was left out as too large)
-            del self._cutting[entry.key]
-            self._live.popleft()
-            if not self._parts_out.get(entry.key):
-                self._parts_out.pop(entry.key, None)
-                self.spool.pinned.discard(entry.key)
-                self.spool.remove(entry)
-            return True
-        data = parts[0]
-        packet = self.link.packet_size(self.topic, len(data))
-        if not self.adaptive.raw_allowed(len(data), now, until_next) or not self.meter.room(packet):
-            return False
-        mid = self.link.publish(self.topic, data)
-        if mid is None:
-            if self.link.refused_publish != "queue full":
-                self.metrics.publish_errors.inc()
-            return False
-        parts.popleft()
-        self._parts_out[entry.key].add(mid)
-        self._inflight[mid] = entry
-        self.meter.sent(mid, packet, now)
-        if not parts:
-            del self._cutting[entry.key]
-            self._live.popleft()
-        return True
-
-    def _resplit(self, entry: Entry, data: bytes) -> list[Entry]:
-        """A spooled batch over what may be published now (the broker's Maximum Packet Size, or what the
-        link carries at once): spool it again as parts that fit (written before the original goes, so that
-        a crash in between repeats samples, never loses them)."""
-        try:
-            batch = decode(data)
-        except PayloadError as exc:
-            self.spool.quarantine(entry, data, str(exc))
-            return []
-        hard = self._hard_limit(pace=True)
-        self.spool.pinned.add(entry.key)  # the caps pass over it while its parts are written
-        try:
-            parts = self._store(list(batch.samples), [], batch.node, batch.boot, hard=hard, part=batch.part)
-        finally:
-            self.spool.pinned.discard(entry.key)
-        self.spool.remove(entry)
-        limit = self.link.packet_limit()
-        why = "the broker's Maximum Packet Size" if limit == self.link.max_packet else "what the link carries at once"
-        log.info(
-            "batch %d-%d (%d bytes) is over %s (%d bytes): sent as %d part(s)",
-            entry.first_seq,
-            entry.last_seq,
-            entry.size,
-            why,
-            limit,
-            len(parts),
-        )
-        return parts
-
-    def _too_large(self, sample: Sample, size: int, limit: int) -> None:
-        self._dropped("too_large", 0, 1)
-        if not self._too_large_logged:
-            self._too_large_logged = True
-            need = self.link.packet_limit() - limit + size
-            log.error(
-                "one value of sample %d takes %d bytes as a payload, over the %d bytes a packet may carry "
-                "(the broker's Maximum Packet Size of %d bytes): dropped (gpu_exporter_forward_dropped_samples_total"
-                '{reason="too_large"}); raise the broker\'s maximum packet size (Mosquitto: max_packet_size) '
-                "to at least %d",
-                sample.seq,
-                size,
-                limit,
-                self.link.max_packet,
-                need,
-            )
-
-    def _check_acks(self, now: float) -> None:
-        """A broker that takes batches and never acknowledges them (PUBACK) would keep them in flight
-        forever, the connection looking healthy. In flight is never more than the link carries within the
-        keepalive, so a PUBACK overdue by twice the keepalive means the broker is not answering: the
-        connection is given up, the batches go again on a new one, and /readyz says so until a PUBACK
-        comes."""
-        oldest = self.meter.oldest()
-        if oldest is None or not self.link.up:
-            return
-        waited = now - oldest
-        if waited < ACK_TIMEOUT * self.link.settings.keepalive:
-            return
-        count = len(self._inflight) + len(self.adaptive.inflight)
-        self._stalled = (
-            f"broker at {self.link.settings.host}:{self.link.settings.port} acknowledged none of {count} "
-            f"batch(es) in flight for {waited:.0f}s (no PUBACK)"
-        )
-        self.metrics.working.set(0)  # at once, as /readyz says it (housekeeping sets it each second)
-        self.link.abort("timeout", f"{self._stalled}; reconnecting, the batches stay in the spool and go again")
-
-    def _next_backlog(self, exclude: set[str]) -> Entry | None:
-        for entry in self.spool.entries_view():
-            if entry.key not in exclude:
-                return entry
-        return None
-
-    # ------------------------------------------------------------------------------------- callbacks
-
-    def _acked(self, mid: int, ok: bool, reason: str) -> None:
-        self.meter.acked(mid, self._clock(), self.link.status_rtt)
-        self._stalled = ""  # the broker answers
-        if self.adaptive.acked(mid, self._clock()):
-            return  # a summary: nothing in the spool to remove (a refused one is not sent again)
-        entry = self._inflight.pop(mid, None)
-        if entry is None:
-            return  # the status message, or a batch of a connection already given up
-        out = self._parts_out.get(entry.key)
-        if out is not None:  # a part of a batch cut in memory
-            out.discard(mid)
-            if ok and (out or entry.key in self._cutting):
-                return  # more parts to come
-            self._parts_out.pop(entry.key, None)
-            if not ok:  # the batch goes again, whole, after the pause below
-                for other in out:  # the acknowledgements of its other parts no longer count
-                    self._inflight.pop(other, None)
-                self._cutting.pop(entry.key, None)
-                if self._live and self._live[0] is entry:
-                    self._live.popleft()
-        self.spool.pinned.discard(entry.key)
-        if not ok:
-            self.metrics.publish_errors.inc()
-            self.metrics.refused.inc()
-            # Not authorized, quota exceeded, topic invalid...: the same batch at once would be refused
-            # again. Hold every publish for a while (doubling up to --mqtt.reconnect-max-delay).
-            now = self._clock()
-            if now >= self._hold_until:  # the rest of a refused window does not lengthen the wait again
-                self._refusals += 1
-                delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
-                self._hold_until = now + delay
-            self._live.clear()  # the backlog order sends the refused batch first again
-            if now - self._error_logged.get(reason, -math.inf) >= _LOG_EVERY:
-                self._error_logged[reason] = now
-                log.warning(
-                    "broker refused batch %d-%d: %s; retrying in %.1fs (then with backoff, kept in the spool)",
-                    entry.first_seq,
-                    entry.last_seq,
-                    reason,
-                    self._hold_until - now,
-                )
-            return
-        self._refusals = 0
-        self.spool.remove(entry)
-        self.metrics.batches.inc()
-        self.metrics.samples.inc(entry.samples)
-        self.metrics.bytes.inc(entry.size)
 
     def _up(self) -> None:
         self.metrics.connected.set(1)

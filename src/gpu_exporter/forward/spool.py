@@ -47,201 +47,38 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
-import shutil
 import sqlite3
 import time
-from array import array
-from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 import diskcache
 
 from gpu_exporter.forward.spool_clock import STATE_KEY, SpoolClock, boottime
-from gpu_exporter.forward.spool_disk import ForeignKey, Refused, SafeDisk, check_wal
+from gpu_exporter.forward.spool_disk import Refused, SafeDisk
+from gpu_exporter.forward.spool_faults import (
+    _DISK_ERRORS,
+    _LOG_EVERY,
+    _MEMORY_CAP,
+    _SETTINGS,
+    DiskFaults,
+    _Held,
+    _is_corrupt,
+)
+from gpu_exporter.forward.spool_index import Entry, Index, entry_of
 
 __all__ = ["Entry", "Spool"]
 
 log = logging.getLogger(__name__)
 
-_MEMORY_CAP = 8 * 1024 * 1024  # bytes kept in memory while the disk refuses writes
-_CORRUPT_KEEP = 20  # quarantined files kept for inspection
-_CATCH_UP_BYTES = 1024 * 1024  # memory-held batches written to disk per catch-up (close writes them all)
-_LOG_EVERY = 60.0  # seconds between two log lines about a disk that keeps refusing writes
-_DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
-# Free space the spool leaves on its filesystem: 1 % of it, within [1 MiB, 32 MiB]. SQLite needs room to
-# delete rows and to checkpoint: the WAL grows by up to _WAL_PAGES pages (512 KiB) plus one transaction,
-# then a checkpoint copies it into the database file, which may grow by as much. 1 MiB covers that, 32 MiB
-# is plenty on any disk, and 1 % in between leaves mid-sized volumes (0.1 to 3 GiB) room for other tenants.
-_RESERVE_SHARE = 100
-_RESERVE_MIN = 1024 * 1024
-_RESERVE_MAX = 32 * 1024 * 1024
-_WAL_PAGES = 128
 # Counters of batches kept in memory because the spool could not be opened start here, above those of any
 # earlier run's batches, so that both fit in one index once the spool opens (see retry_open).
 _MEMORY_BASE = 10**11
-_SETTINGS: dict[str, Any] = {
-    "eviction_policy": "none",  # the caps are enforced here, counted, oldest first
-    "size_limit": 2**62,
-    "cull_limit": 0,
-    "statistics": 0,
-    "tag_index": 0,
-    "sqlite_cache_size": 32,  # pages: 128 KiB of SQLite cache instead of 32 MiB; the access is append-and-delete
-    "sqlite_mmap_size": 0,  # no mmap: keeps RSS small while a full spool drains
-    "sqlite_synchronous": 1,  # NORMAL with WAL: survives a killed process
-    "sqlite_auto_vacuum": 1,  # FULL (diskcache's default too): a deleted row's pages go back to the filesystem
-    "sqlite_wal_autocheckpoint": _WAL_PAGES,  # pages: a WAL of 512 KiB at most, not SQLite's 1000 pages
-    "sqlite_journal_size_limit": 1024 * 1024,  # bytes: a WAL a large transaction grew is cut back to this
-}
 
 DropHook = Callable[[str, int, int], None]
-_Disk = SafeDisk  # the name tests and tools opened the spool's cache with
 
 
-@dataclass(frozen=True, slots=True)
-class _Held:
-    """A batch the disk refused, and the journal keys its samples still have on disk."""
-
-    data: bytes
-    journal: tuple[str, ...]
-
-
-def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
-    """A damaged or foreign database file, as opposed to a full, read-only, locked or failing disk."""
-    code = getattr(exc, "sqlite_errorcode", None)
-    if code is None:
-        return type(exc) is sqlite3.DatabaseError
-    return (code & 0xFF) in (11, 26)  # SQLITE_CORRUPT, SQLITE_NOTADB (named in the sqlite3 module from 3.11)
-
-
-@dataclass(frozen=True, slots=True)
-class Entry:
-    """One stored batch, described by its key alone."""
-
-    counter: int
-    created_ms: int
-    size: int
-    first_seq: int
-    last_seq: int
-    samples: int
-
-    @property
-    def key(self) -> str:
-        fields = (self.created_ms, self.size, self.first_seq, self.last_seq, self.samples)
-        return f"q.{self.counter:012d}." + ".".join(str(f) for f in fields)
-
-    @classmethod
-    def parse(cls, key: str) -> Entry | None:
-        parts = key.split(".")
-        if len(parts) != 7 or parts[0] != "q" or not all(p.isdigit() for p in parts[1:]):
-            return None
-        return cls(*(int(p) for p in parts[1:]))
-
-
-class _Index:
-    """The spool's entries, oldest first, as six packed columns of ``Entry``'s fields.
-
-    A spool at its cap holds thousands of batches (about 9 000 at the default 256 MiB with 96-sample
-    batches). As a dict of key strings and ``Entry`` objects that index took about 300 bytes an entry, as
-    columns it takes about 50; ``Entry`` objects are built when asked for. Counters only grow, so an
-    entry's row is found by bisection; a removed entry's size is set to -1, and the columns are rebuilt
-    without those rows once they outnumber the rest. Iterators find their place again by counter, so the
-    index may change while one is in use.
-    """
-
-    __slots__ = ("_cols", "_head", "_live")
-
-    def __init__(self) -> None:
-        self._cols: list[array[int]] = [array("q") for _ in range(6)]  # Entry's fields, in its order
-        self._head = 0  # rows before it are all removed
-        self._live = 0
-
-    def __len__(self) -> int:
-        return self._live
-
-    def append(self, entry: Entry) -> None:
-        counters = self._cols[0]
-        if counters and entry.counter <= counters[-1]:
-            raise ValueError(f"spool counters must grow: {entry.counter} after {counters[-1]}")
-        for col, value in zip(self._cols, _fields(entry), strict=True):
-            col.append(value)
-        self._live += 1
-
-    def __contains__(self, entry: object) -> bool:
-        return isinstance(entry, Entry) and self._row(entry) >= 0
-
-    def remove(self, entry: Entry) -> bool:
-        """Forget ``entry``; False when it is not (or no longer) here."""
-        row = self._row(entry)
-        if row < 0:
-            return False
-        sizes = self._cols[2]
-        sizes[row] = -1
-        self._live -= 1
-        while self._head < len(sizes) and sizes[self._head] < 0:
-            self._head += 1
-        removed = len(sizes) - self._live
-        if removed > 256 and removed > self._live:
-            rows = [i for i in range(self._head, len(sizes)) if sizes[i] >= 0]
-            self._cols = [array("q", [col[i] for i in rows]) for col in self._cols]
-            self._head = 0
-        return True
-
-    def oldest(self) -> Entry | None:
-        return self._entry(self._head) if self._head < len(self._cols[0]) else None
-
-    def newest(self) -> Entry | None:
-        sizes = self._cols[2]
-        for row in range(len(sizes) - 1, self._head - 1, -1):
-            if sizes[row] >= 0:
-                return self._entry(row)
-        return None
-
-    def __iter__(self) -> Iterator[Entry]:
-        """Oldest first, up to the newest entry of the moment it is called."""
-        counters = self._cols[0]
-        if not counters:
-            return
-        last = counters[-1]
-        row = self._head
-        while True:
-            counters, sizes = self._cols[0], self._cols[2]
-            while row < len(sizes) and sizes[row] < 0:
-                row += 1
-            if row >= len(counters) or counters[row] > last:
-                return
-            entry = self._entry(row)
-            yield entry
-            row = bisect_right(self._cols[0], entry.counter, self._head)  # the columns may have changed
-
-    def _row(self, entry: Entry) -> int:
-        """The row holding ``entry`` (all fields equal), or -1."""
-        counters = self._cols[0]
-        row = bisect_left(counters, entry.counter, self._head)
-        if row < len(counters) and all(
-            col[row] == value for col, value in zip(self._cols, _fields(entry), strict=True)
-        ):
-            return row
-        return -1
-
-    def _entry(self, row: int) -> Entry:
-        return Entry(*(col[row] for col in self._cols))
-
-
-def _fields(entry: Entry) -> tuple[int, int, int, int, int, int]:
-    return (entry.counter, entry.created_ms, entry.size, entry.first_seq, entry.last_seq, entry.samples)
-
-
-def _entry_of(key: str) -> Entry:
-    """The entry a queue key names (every field is in the key)."""
-    entry = Entry.parse(key)
-    if entry is None:
-        raise ValueError(f"not a spool queue key: {key!r}")
-    return entry
-
-
-class Spool:
+class Spool(DiskFaults):
     def __init__(
         self,
         directory: str,
@@ -262,7 +99,7 @@ class Spool:
         self.wal_damaged = 0  # write-ahead logs SQLite would drop in part or whole
         self.wal_lost_bytes = 0
         self._cache: diskcache.Cache | None = None
-        self._index = _Index()  # oldest first
+        self._index = Index()  # oldest first
         self._memory: dict[str, _Held] = {}  # entries the disk refused, oldest first
         self._memory_bytes = 0
         self._unreleased: dict[str, None] = {}  # keys gone from the index whose delete the disk refused
@@ -303,7 +140,7 @@ class Spool:
                     self._bytes += entry.size
                     self._counter = entry.counter
         except _DISK_ERRORS as exc:
-            self._index, self._bytes, self._counter = _Index(), 0, _MEMORY_BASE
+            self._index, self._bytes, self._counter = Index(), 0, _MEMORY_BASE
             self._disk_failed("open", exc)
             if self._cache is not None:  # only the cache: batches held in memory stay (see retry_open)
                 with contextlib.suppress(Exception):
@@ -329,7 +166,7 @@ class Spool:
             self._on_drop("corrupt", 1, 0)
         if entries:
             kept = sorted([*self._index, *entries], key=lambda e: e.counter)
-            self._index = _Index()
+            self._index = Index()
             self._bytes = 0
             for entry in kept:
                 if len(self._index) and entry.counter <= self._counter:  # two keys, one counter
@@ -369,7 +206,7 @@ class Spool:
         if self._cache is not None:
             return None
         index, size, counter = self._index, self._bytes, self._counter
-        self._index, self._bytes, self._counter = _Index(), 0, 0
+        self._index, self._bytes, self._counter = Index(), 0, 0
         quiet, self._refusing = self._refusing, True  # a failure again is no news: no new log line
         journal = self.open()
         self._refusing = quiet
@@ -418,7 +255,7 @@ class Spool:
         """
         self._catch_up(limit=None)
         if self._memory:
-            lost = [max(0, _entry_of(key).samples - len(held.journal)) for key, held in self._memory.items()]
+            lost = [max(0, entry_of(key).samples - len(held.journal)) for key, held in self._memory.items()]
             batches, samples = sum(1 for n in lost if n), sum(lost)
             log.error(
                 "spool: %d batches (%d samples not journaled) the disk in %s refused are lost (%s)",
@@ -592,7 +429,7 @@ class Spool:
             if self._memory_bytes <= _MEMORY_CAP:
                 break
             if key not in self.pinned:
-                self._drop(_entry_of(key), "disk_full")
+                self._drop(entry_of(key), "disk_full")
 
     def _drop(self, entry: Entry, reason: str) -> None:
         if not self._index.remove(entry):
@@ -621,218 +458,3 @@ class Spool:
     def forget_journal(self, keys: list[str]) -> None:
         for key in keys:
             self._delete(key)
-
-    # ------------------------------------------------------------------------------------- helpers
-
-    def _catch_up(self, limit: int | None = _CATCH_UP_BYTES) -> None:
-        """Retry the deletes the disk refused, then write memory-held batches to disk, oldest first.
-
-        A retry the disk refuses again is not counted: the write or delete it repeats was counted once.
-        """
-        if self._cache is None or not (self._unreleased or self._memory):
-            return
-        for key in list(self._unreleased):
-            try:
-                self._cache.delete(key)  # its own transaction: a value file goes only after the commit
-            except _DISK_ERRORS:
-                return
-            del self._unreleased[key]
-        written = 0
-        for key, held in list(self._memory.items()):
-            if limit is not None and written >= limit:
-                return
-            self._keep_reserve(len(held.data))
-            if self._write(key, held.data, held.journal) is not None:
-                return
-            self._disk_ok()
-            del self._memory[key]
-            self._memory_bytes -= len(held.data)
-            written += len(held.data)
-
-    def _keep_reserve(self, incoming: int = 0) -> None:
-        """Drop the oldest batches on disk until writing ``incoming`` more bytes leaves the reserve free.
-
-        As few as that takes: a dropped batch gives back about its size (its value file at once, its pages
-        at the checkpoint below, auto_vacuum truncating the database file). Batches held in memory free
-        nothing on disk and stay. A delete the disk refuses ends it and keeps that batch, uncounted: the
-        write that follows, refused too then, is counted.
-        """
-        if self._cache is None or len(self._index) == 0:
-            return
-        try:
-            usage = shutil.disk_usage(self.directory)
-        except OSError:
-            return
-        if usage.total <= 0:
-            return  # a filesystem that does not tell its size
-        reserve = min(max(usage.total // _RESERVE_SHARE, _RESERVE_MIN), _RESERVE_MAX)
-        short = reserve + incoming - usage.free
-        if short <= 0:
-            return
-        freed = batches = samples = 0
-        for entry in self.entries():
-            if freed >= short:
-                break
-            if entry.key in self._memory or entry.key in self.pinned:
-                continue
-            try:
-                self._cache.delete(entry.key)
-            except _DISK_ERRORS:
-                break
-            self._index.remove(entry)
-            self._bytes -= entry.size
-            freed += entry.size
-            batches += 1
-            samples += entry.samples
-        if not batches:
-            return
-        # Give the pages back now, before the next check reads them, on this thread's diskcache connection
-        # (diskcache's own attribute: should a release lack it, the space comes back at the next checkpoint).
-        with contextlib.suppress(*_DISK_ERRORS, AttributeError):
-            self._cache._sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
-        self._reserve_drops += batches
-        now = time.monotonic()
-        if now - self._reserve_logged_at >= _LOG_EVERY:
-            self._reserve_logged_at = now
-            log.warning(
-                "spool: the filesystem of %s is nearly full (%d KiB free, %d KiB kept free for the spool's "
-                "database); dropping the oldest batches (disk_full, %d so far)",
-                self.directory,
-                usage.free // 1024,
-                reserve // 1024,
-                self._reserve_drops,
-            )
-        self._on_drop("disk_full", batches, samples)
-
-    def _read(self, key: str) -> bytes | Refused | None:
-        """The stored bytes; a ``Refused`` for a row in another form (never interpreted); None when the
-        row is missing or cannot be read."""
-        if self._cache is None:
-            return None
-        try:
-            value = self._cache.get(key)
-        except (*_DISK_ERRORS, ValueError, TypeError) as exc:
-            log.warning("spool: cannot read %s: %s", key, exc)
-            return None
-        return value if isinstance(value, (bytes, Refused)) else None
-
-    def _reject(self, reason: str) -> None:
-        self.rejected[reason] = self.rejected.get(reason, 0) + 1
-
-    def _check_wal(self) -> None:
-        """Before SQLite opens the database: a damaged WAL is kept aside, said and counted (SQLite would
-        drop it, or its frames from the damage on, without a word)."""
-        wal = os.path.join(self.directory, "cache.db-wal")
-        damage = check_wal(wal)
-        if damage is None:
-            return
-        aside = os.path.join(self.directory, "corrupt", f"wal-{int(time.time() * 1000)}.bin")
-        try:
-            os.makedirs(os.path.dirname(aside), exist_ok=True)
-            shutil.copyfile(wal, aside)
-        except OSError as exc:
-            aside = f"nowhere ({exc.strerror or exc})"
-        self.wal_damaged += 1
-        self.wal_lost_bytes += damage.lost
-        self._reject("wal")
-        log.error(
-            "spool: the write-ahead log %s is damaged (%s): SQLite drops its last %d of %d bytes and the "
-            "batches committed in them, which cannot be read from it to be counted; a copy is kept at %s",
-            wal,
-            damage.why,
-            damage.lost,
-            damage.size,
-            aside,
-        )
-
-    def _delete(self, key: str) -> None:
-        if self._cache is None:
-            return
-        try:
-            self._cache.delete(key)
-        except _DISK_ERRORS as exc:
-            self._unreleased[key] = None  # retried once the disk takes writes again
-            self._disk_failed("delete", exc)
-
-    def _quarantine_key(self, key: Any, why: str, data: bytes | Refused | None = None) -> None:
-        if data is None and isinstance(key, str):
-            data = self._read(key)
-        if isinstance(data, Refused):
-            self._reject(data.reason)
-            why = f"{why} (stored as {data.reason}; never read)"
-            data = data.data
-        self._delete(key)
-        if data is not None:
-            self._save_aside(str(key) if isinstance(key, str) else "key-" + key.blob.hex()[:32], data)
-        log.warning("spool entry %s: %s; moved aside", key if isinstance(key, ForeignKey) else repr(key), why)
-
-    def _save_aside(self, name: str, data: bytes) -> None:
-        folder = os.path.join(self.directory, "corrupt")
-        try:
-            os.makedirs(folder, exist_ok=True)
-            safe = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)[:120]
-            with open(os.path.join(folder, safe + ".bin"), "wb") as handle:
-                handle.write(data)
-            kept = sorted(os.scandir(folder), key=lambda e: e.stat().st_mtime)
-            for old in [e for e in kept if e.is_file()][:-_CORRUPT_KEEP]:
-                os.unlink(old.path)
-        except OSError as exc:
-            log.warning("spool: cannot keep corrupt entry %s aside: %s", name, exc)
-
-    def _corrupt_now(self, exc: sqlite3.DatabaseError) -> None:
-        """The database turned out corrupt while running: move it aside, count what it held, start afresh."""
-        assert self._cache is not None
-        with contextlib.suppress(Exception):
-            self._cache.close()
-        self._cache = None
-        aside = os.path.join(self.directory, "corrupt", f"db-{int(time.time() * 1000)}")
-        try:
-            os.makedirs(aside, exist_ok=True)
-            for name in os.listdir(self.directory):
-                if name.startswith("cache.db"):
-                    os.replace(os.path.join(self.directory, name), os.path.join(aside, name))
-            self._cache = diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
-        except _DISK_ERRORS as again:
-            log.error("spool: cannot replace the corrupt database in %s: %s", self.directory, again)
-            self._cache = None
-        lost = [e for e in self.entries() if e.key not in self._memory and e.key not in self.pinned]
-        for entry in lost:
-            self._index.remove(entry)
-            self._bytes -= entry.size
-        self._unreleased.clear()
-        log.error(
-            "spool database in %s is corrupt (%s); moved to %s, %d batches on it lost, starting a new one",
-            self.directory,
-            exc,
-            aside,
-            len(lost),
-        )
-        self._on_drop("corrupt", len(lost), sum(e.samples for e in lost))
-
-    def _disk_failed(self, op: str, exc: BaseException) -> None:
-        """Count a refused write; one log line when the disk starts refusing, then one a minute at most.
-
-        A corrupt database is no refusing disk: it is moved aside (``_corrupt_now``), not counted here.
-        """
-        if isinstance(exc, sqlite3.DatabaseError) and _is_corrupt(exc) and self._cache is not None:
-            self._corrupt_now(exc)
-            return
-        self.write_errors += 1
-        self.disk_error = f"{op}: {exc}"
-        now = time.monotonic()
-        if not self._refusing or now - self._logged_at >= _LOG_EVERY:
-            self._logged_at = now
-            log.error(
-                "spool %s in %s failed: %s (batches are kept in memory, up to %d MiB; %d refused writes so far)",
-                op,
-                self.directory,
-                exc,
-                _MEMORY_CAP // (1024 * 1024),
-                self.write_errors,
-            )
-        self._refusing = True
-
-    def _disk_ok(self) -> None:
-        if self._refusing:
-            self._refusing = False
-            log.warning("spool in %s takes writes again after %d refused", self.directory, self.write_errors)

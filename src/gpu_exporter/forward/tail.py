@@ -15,14 +15,15 @@ import uuid
 from collections.abc import Iterator, Sequence
 from datetime import datetime, timezone
 from types import FrameType
-from typing import Any, TextIO, cast
+from typing import Any, TextIO
 
 import paho.mqtt.client as paho
-from paho.mqtt.enums import CallbackAPIVersion, MQTTErrorCode, MQTTProtocolVersion
+from paho.mqtt.enums import MQTTErrorCode
 
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
-from gpu_exporter.forward.mqtt import LinkSettings, read_password_bytes
+from gpu_exporter.mqtt.client import new_client
+from gpu_exporter.mqtt.settings import LinkSettings, read_password
 from gpu_exporter.payload import Batch, PayloadError, decode
 from gpu_exporter.units import parse_duration
 
@@ -120,21 +121,13 @@ def main(argv: Sequence[str], out: TextIO | None = None) -> int:
     state: dict[str, Any] = {"batches": 0, "error": "", "connected": False}
     topic = f"{config.mqtt_topic_prefix}/{node}/batch"
 
-    v5 = settings.protocol == "5"
-    client = paho.Client(
-        callback_api_version=CallbackAPIVersion.VERSION2,
-        client_id=settings.client_id,
-        protocol=MQTTProtocolVersion.MQTTv5 if v5 else MQTTProtocolVersion.MQTTv311,
-        clean_session=None if v5 else True,
-    )
+    password = None
     if settings.username:
         try:
-            password = read_password_bytes(settings.password_file) if settings.password_file else None
+            password = read_password(settings)
         except OSError as exc:
             return _fail(f"cannot read --mqtt.password-file: {exc.strerror}", 2)
-        client.username_pw_set(settings.username, cast(str, password))  # bytes are sent as they are
-    if settings.tls is not None:
-        client.tls_set_context(settings.tls)
+    client = new_client(settings, password)
 
     def on_connect(c: paho.Client, userdata: Any, flags: Any, reason: Any, props: Any) -> None:
         if reason.is_failure:

@@ -37,5 +37,5 @@ def properties(now: float | None = None) -> Properties:
 
 
 # Bytes the stamp adds to a PUBLISH, its length field included, for a send time of up to 14 digits (the
-# year 5138): what forward/mqtt.py counts against the broker's Maximum Packet Size.
+# year 5138): what mqtt/packet.py counts against the broker's Maximum Packet Size.
 PACKED_MAX = len(properties(now=99_999_999_999.999).pack())  # type: ignore[no-untyped-call]
