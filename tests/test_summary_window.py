@@ -6,11 +6,14 @@ second apart, each summary on the link for its size over the link's rate."""
 
 from __future__ import annotations
 
+import pytest
+
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.spool_index import Entry
 from gpu_exporter.forward.summary import encode_summary
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
+from gpu_exporter.payload import Batch, encode
 
 INTERVAL = 10.0  # --mqtt.batch-interval
 T0 = 1e9
@@ -69,3 +72,39 @@ def test_the_window_narrows_again_as_the_link_recovers() -> None:
     windows = link.run(300, 400.0)  # still short of full resolution, but summaries fit easily
     assert windows[-1] == INTERVAL, windows  # back to one summary per batch interval
     assert windows[-5:] == [INTERVAL] * 5
+
+
+@pytest.mark.parametrize("weak_before", [True, False], ids=["after-a-weak-stretch", "first-ever"])
+def test_the_first_fresh_window_after_a_reconnect_with_a_backlog_spans_a_batch_interval(weak_before: bool) -> None:
+    """Summarising can start on reconnect, from a backlog, with no window open: the first fresh summary
+    then spans the samples taken since, not everything since the epoch (which the payload refuses, so the
+    summary never went) nor since a window of an earlier weak stretch."""
+    link = Link(40.0)
+    if weak_before:
+        link.run(30, 40.0)
+    else:
+        link.adaptive = Adaptive("node-a", "boot-1", link.meter, INTERVAL)
+        link.adaptive.rate = 40.0
+    link.adaptive._delivery = None  # the last summary acknowledged before the connection dropped
+    # the outage: full-resolution batches closed while disconnected end the weak stretch
+    outage = [_sample(s) for s in range(41, 51)]
+    assert not link.adaptive.closed(outage, [Entry(2, 0, 9000, 41, 50, 10)], INTERVAL, connected=False)
+    assert not link.adaptive.active
+    for seq in range(51, 400):  # the outage goes on: samples taken, nothing summarised
+        link.adaptive.add(_sample(seq))
+    spooled = {
+        Entry(k, 0, 9000, 10 * k + 1, 10 * k + 10, 10): encode(
+            Batch("node-a", "boot-1", tuple(_sample(s) for s in range(10 * k + 1, 10 * k + 11)))
+        )
+        for k in range(5, 40)
+    }
+    assert link.adaptive.backlog(spooled, lambda e: spooled[e]) > 0
+    assert link.adaptive.active
+    assert link.adaptive.next_due(T0 + 400) == INTERVAL  # no fresh window yet: none is overdue
+    spans = []
+    for seq in range(400, 430):
+        link.adaptive.add(_sample(seq))
+        if link.adaptive._pending is not None:
+            spans.append(link.adaptive._pending[1])
+            link.adaptive._pending = None
+    assert spans and spans[0] == INTERVAL, spans

@@ -82,7 +82,10 @@ class Adaptive:
         self._pending: tuple[Sample, float, int] | None = None  # a fresh summary not yet sent: point, span, size
         self.inflight: dict[int, int] = {}  # summaries published: mid -> bytes
         self._window: Window | None = None
-        self._start = 0.0  # timestamp the open window starts at (the previous window's last sample)
+        # timestamp the open window starts at (the previous window's last sample); None: no window since the
+        # last full-resolution stretch, the next one starts at the sample before its first (``_last``)
+        self._start: float | None = None
+        self._last: float | None = None  # timestamp of the last sample taken
         self._windows = 0  # windows closed while weak (the counter rotation)
         self.emitted = 0  # fresh summaries made (for tests and the log)
         self.active = False  # summarising: full resolution does not fit
@@ -109,7 +112,7 @@ class Adaptive:
             self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:
             self._flag(False)
-            self._window = None
+            self._window, self._start = None, None
             self.every = 1
             return False
         if not self.active:  # the first weak batch starts the window; later samples come through ``add``
@@ -124,10 +127,13 @@ class Adaptive:
 
     def add(self, sample: Sample) -> None:
         """A sample taken by the forwarder: into the open window while weak."""
+        last, self._last = self._last, sample.timestamp
         if not self.active:
             return
         if self._window is None:
             self._window = Window()
+            if self._start is None:  # summarising began without a window (a backlog on reconnect)
+                self._start = last if last is not None and last < sample.timestamp else sample.timestamp
         self._window.add(sample)
         self._due()
 
@@ -136,7 +142,7 @@ class Adaptive:
         summary: on a link that carries a summary in T seconds, windows of max(interval, T) and a lag of
         about that plus T, the least the link allows, whatever anyone estimated of its rate."""
         window = self._window
-        if window is None or window.last is None:
+        if window is None or window.last is None or self._start is None:
             return
         span = window.last.timestamp - self._start
         if span < self.interval or self._pending is not None or self._fresh or self._delivery is not None:
@@ -226,6 +232,8 @@ class Adaptive:
         paused), nothing fresh is held back, and a batch interval is the wait assumed."""
         if not self.active:
             return math.inf
+        if self._start is None:  # summarising a backlog, no fresh window yet: the next sample starts one
+            return self.interval
         due = self._start + self.interval - now
         if due > 0:
             return due
