@@ -995,7 +995,7 @@ MUTANTS += (
         ),
         Mutant(
             "inflate-limit-max-payload-wins",
-            "src/gpu_exporter/payload/columns.py",
+            "src/gpu_exporter/payload/frame.py",
             "    return min(max_bytes, max(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             "    return max(max_bytes, min(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             (f"{_BRIDGE_BOUNDS}::test_a_compression_bomb_stops_at_the_inflate_limit",),

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from gpu_exporter.catalog import core, extended, vendors
 from gpu_exporter.catalog.metric import Metric, MetricType
 
-__all__ = ["CATALOG", "GROUPS", "Family", "Metric", "by_key", "families", "kept_keys", "name_filter"]
+__all__ = ["CATALOG", "COUNTER_KEYS", "GROUPS", "Family", "Metric", "by_key", "families", "kept_keys", "name_filter"]
 
 CATALOG: tuple[Metric, ...] = (*core.METRICS, *extended.METRICS, *vendors.METRICS)
 
@@ -25,6 +25,9 @@ CATALOG: tuple[Metric, ...] = (*core.METRICS, *extended.METRICS, *vendors.METRIC
 GROUPS: tuple[str, ...] = (*dict.fromkeys(m.group for m in CATALOG), "mig")
 
 _BY_KEY = {m.key: m for m in CATALOG}
+
+# the keys of type counter: a reader of a batch checks that their values never go down within a boot
+COUNTER_KEYS = frozenset(m.key for m in CATALOG if m.type == "counter")
 
 
 def by_key(key: str) -> Metric:
