@@ -160,4 +160,5 @@ MQTT_CONNECTION = (
     "mqtt.tls.ca-file",
     "mqtt.tls.cert-file",
     "mqtt.tls.key-file",
+    "mqtt.keepalive",
 )
