@@ -2,7 +2,36 @@
 
 from __future__ import annotations
 
-from gpu_exporter.catalog.metric import POD_LABELS, Metric, Variant, entry, family
+from gpu_exporter.catalog.metric import POD_LABELS, Metric, MetricType, Variant, entry, family
+
+# the per-pod series (k8s/): produced by the attributor, forwarded with the device's values
+_POD: tuple[tuple[str, str, MetricType, str], ...] = (
+    (
+        "pod_info",
+        "gpu_pod_info",
+        "gauge",
+        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+    ),
+    (
+        "pod_memory",
+        "gpu_pod_memory_used_bytes",
+        "gauge",
+        "Device memory used by the container's GPU processes, in bytes.",
+    ),
+    (
+        "pod_utilization",
+        "gpu_pod_utilization_ratio",
+        "gauge",
+        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
+    ),
+    (
+        "pod_energy",
+        "gpu_pod_energy_joules_total",
+        "counter",
+        "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
+        "since it appeared on the GPU.",
+    ),
+)
 
 METRICS: tuple[Metric, ...] = (
     # ecc and memory health
@@ -148,36 +177,7 @@ METRICS: tuple[Metric, ...] = (
         health="xid",
     ),
     # per-pod attribution (k8s/): produced by the attributor, forwarded with the device's values
-    *(
-        entry(key, name, type_, help_, "processes", labels=POD_LABELS)
-        for key, name, type_, help_ in (
-            (
-                "pod_info",
-                "gpu_pod_info",
-                "gauge",
-                "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
-            ),
-            (
-                "pod_memory",
-                "gpu_pod_memory_used_bytes",
-                "gauge",
-                "Device memory used by the container's GPU processes, in bytes.",
-            ),
-            (
-                "pod_utilization",
-                "gpu_pod_utilization_ratio",
-                "gauge",
-                "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
-            ),
-            (
-                "pod_energy",
-                "gpu_pod_energy_joules_total",
-                "counter",
-                "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
-                "since it appeared on the GPU.",
-            ),
-        )
-    ),
+    *(entry(key, name, type_, help_, "processes", labels=POD_LABELS) for key, name, type_, help_ in _POD),
     # --- GPU health at a glance: throttle time, the health summary, the last XID ---
     *family(
         "gpu_clock_event_seconds_total",
