@@ -149,34 +149,28 @@ MUTANTS: tuple[Mutant, ...] = (
             Mutant(
                 f"forwarder-event-{key}",
                 f"src/gpu_exporter/catalog/{module}",
-                f"{context}        event=True,\n",
+                f"{context}{' ' * indent}event=True,\n",
                 context,
                 ("tests/test_batch_events.py",),
                 f"a change of {key} no longer closes the batch at once: its alert waits for the batch interval",
             )
-            for key, module, context in (
-                ("xid_errors", "extended.py", '        labels=("xid",),\n'),
-                (
-                    "ecc_uncorrected_volatile",
-                    "extended.py",
-                    '        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",\n        dcgm_type="counter",\n',
-                ),
-                (
-                    "ecc_uncorrected_aggregate",
-                    "extended.py",
-                    '        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",\n        dcgm_type="counter",\n',
-                ),
+            for key, module, context, indent in (
+                ("xid_errors", "extended.py", '        labels=("xid",),\n', 8),
+                ("ecc_uncorrected_volatile", "extended.py", '            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",\n', 12),
+                ("ecc_uncorrected_aggregate", "extended.py", '            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",\n', 12),
                 (
                     "ecc_block_uncorrected",
                     "vendors.py",
                     '        {"type": "uncorrected"},\n        labels=("block",),\n',
+                    8,
                 ),
                 (
                     "remapped_rows_uncorrectable",
                     "extended.py",
-                    '        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",\n        dcgm_type="counter",\n',
+                    '            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",\n',
+                    12,
                 ),
-                ("remapped_rows_failure", "extended.py", '        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",\n'),
+                ("remapped_rows_failure", "extended.py", '        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",\n', 8),
             )
         ),
     ),
