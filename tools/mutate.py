@@ -103,7 +103,7 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "spool-log-every-refusal",
             "src/gpu_exporter/forward/spool_faults.py",
-            "        if not self._refusing or now - self._logged_at >= _LOG_EVERY:\n",
+            "        if not self._refusing or now - self._logged_at >= LOG_EVERY:\n",
             "        if True:\n",
             ("tests/test_forward_spool.py",),
             "a full disk logs one line per refused batch instead of one",
