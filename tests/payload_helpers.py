@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 from gpu_exporter.payload import PayloadError
 from gpu_exporter.payload._zdict import ZDICT_V2
 from gpu_exporter.payload.document import read_columns
-from gpu_exporter.payload.encode import _raw
+from gpu_exporter.payload.encode import json_value
 from gpu_exporter.payload.types import HAS_STEP
 
 T = TypeVar("T")
@@ -44,7 +44,7 @@ def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
                     column["order"] = 2
                 dev["columns"][j] = column
             elif isinstance(col, dict):  # a reference
-                dev["columns"][j] = {"values": [_raw(v) for v in values[j]]}  # type: ignore[union-attr]
+                dev["columns"][j] = {"values": [json_value(v) for v in values[j]]}  # type: ignore[union-attr]
             else:
                 dev["columns"][j] = {"const": col}
     return out

@@ -204,14 +204,14 @@ def _encode_column(col: list[float | None]) -> Any:
     if first is not None and all(v is not None and _same_float(v, first) for v in col):
         if first.is_integer() and abs(first) < fmt.SAFE_INT and math.copysign(1.0, first) > 0:
             return int(first)  # a value that held still for the whole batch, stated once
-        return _raw(first)
+        return json_value(first)
     scale = 0
     for v in col:
         if v is None:
             continue
         k = _scale_of(v)
         if k is None:
-            return {"values": [_raw(v) for v in col]}
+            return {"values": [json_value(v) for v in col]}
         scale = max(scale, k)
     p = 10**scale
     ints: list[int | None] = []
@@ -222,7 +222,7 @@ def _encode_column(col: list[float | None]) -> Any:
             continue
         n = round(v * p)
         if abs(n) >= fmt.SAFE_INT or n / p != v:  # pragma: no cover - _scale_of already proved this
-            return {"values": [_raw(v) for v in col]}
+            return {"values": [json_value(v) for v in col]}
         ints.append(n)
         step = math.gcd(step, n)
     step = step or 1  # all zero
@@ -235,7 +235,7 @@ def _encode_column(col: list[float | None]) -> Any:
         out.append(n // step - last)
         last = n // step
     if not _in_range(out):  # a swing across nearly all of ±2**53: the deltas would not be exact in JSON
-        return {"values": [_raw(v) for v in col]}
+        return {"values": [json_value(v) for v in col]}
     order = 1
     if None not in out and len(out) > 2:
         # A counter at a steady rate (energy, NVLink bytes) or a smooth reading: its deltas change
@@ -264,7 +264,8 @@ def _same_float(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _raw(v: float | None) -> float | str | None:
+def json_value(v: float | None) -> float | str | None:
+    """A value as the payload writes it: a number, null, or "NaN", "+Inf", "-Inf"."""
     if v is None or math.isfinite(v):
         return v
     if math.isnan(v):
