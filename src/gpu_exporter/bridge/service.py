@@ -515,7 +515,7 @@ class Bridge:
 def _stream(batch: ColumnBatch) -> str:
     """What repeats are told apart by, with the node: the boot, and for summaries a stream of their own
     (a summary point carries the sequence number of its window's last sample, which the raw sample
-    still has to bring), and for a part of a sample (forward/split.py) one per part: the other parts of
+    still has to bring), and for a part of a sample (payload/split.py) one per part: the other parts of
     the same sample are no replays of it."""
     stream = batch.boot + "/summary" if batch.summary_ms else batch.boot
     return f"{stream}/{batch.part}" if batch.part else stream
