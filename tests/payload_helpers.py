@@ -12,9 +12,9 @@ from typing import Any, TypeVar
 
 from gpu_exporter.payload import PayloadError
 from gpu_exporter.payload._zdict import ZDICT_V2
-from gpu_exporter.payload.document import _columns
-from gpu_exporter.payload.encode import _raw
-from gpu_exporter.payload.types import _HAS_STEP
+from gpu_exporter.payload.document import read_columns
+from gpu_exporter.payload.encode import json_value
+from gpu_exporter.payload.types import HAS_STEP
 
 T = TypeVar("T")
 
@@ -27,16 +27,16 @@ def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
     out["version"] = 2
     n = len(out["seq"])
     for d, dev in enumerate(out["devices"]):
-        values = _columns(f"devices[{d}]", dev["columns"], n, 3)
+        values = read_columns(f"devices[{d}]", dev["columns"], n, 3)
         for j, col in enumerate(dev["columns"]):
             if col is None or (isinstance(col, dict) and "values" in col):
                 continue
             if isinstance(col, list):
                 form, rest = col[0], col[1:]
                 column: dict[str, Any] = {}
-                if form >= _HAS_STEP:
+                if form >= HAS_STEP:
                     column["step"], rest = rest[0], rest[1:]
-                    form -= _HAS_STEP
+                    form -= HAS_STEP
                 column["delta"] = rest
                 if form % 10:
                     column["scale"] = form % 10
@@ -44,7 +44,7 @@ def as_v2(doc: dict[str, Any]) -> dict[str, Any]:
                     column["order"] = 2
                 dev["columns"][j] = column
             elif isinstance(col, dict):  # a reference
-                dev["columns"][j] = {"values": [_raw(v) for v in values[j]]}  # type: ignore[union-attr]
+                dev["columns"][j] = {"values": [json_value(v) for v in values[j]]}  # type: ignore[union-attr]
             else:
                 dev["columns"][j] = {"const": col}
     return out

@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 from gpu_exporter import payload as codec
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import columns
-from gpu_exporter.payload.document import _column
+from gpu_exporter.payload.document import read_column
 
 from .bridge_helpers import make_batch
 from .payload_helpers import as_v1, as_v2, v1_payload, v2_payload
@@ -224,7 +224,7 @@ def _check_column_verdict(valid: dict[str, object], column: object, version: int
     raw = json.dumps(doc).encode()
     assert _verdict(columns.read, raw) == _verdict(codec.decode, raw)
     if _verdict(codec.decode, raw) == "accepted":
-        assert columns.read(raw).devices[0].columns[0] == _column("c", column, 3, version)
+        assert columns.read(raw).devices[0].columns[0] == read_column("c", column, 3, version)
 
 
 @pytest.mark.parametrize("at", [0, 1, 2, 4])

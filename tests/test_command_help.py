@@ -42,3 +42,12 @@ def test_every_option_is_in_some_command_and_declared_once() -> None:
     assert len(names) == len(set(names))
     everywhere = flags() | flags("bridge") | flags("tail")
     assert {f"--{n}" for n in names} <= everywhere
+
+
+def test_the_bridge_takes_its_mqtt_keepalive_from_the_option() -> None:
+    from gpu_exporter.bridge.cli import settings_from
+
+    args = {"mqtt.url": "mqtt://127.0.0.1:1883", "remote-write.url": "http://127.0.0.1:9/api/v1/write"}
+    assert settings_from(cfg.load(args, {})).keepalive == 30
+    assert settings_from(cfg.load({**args, "mqtt.keepalive": "45s"}, {})).keepalive == 45
+    assert "--mqtt.keepalive" in flags("bridge")

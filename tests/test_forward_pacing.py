@@ -10,7 +10,7 @@ import pytest
 
 from gpu_exporter.forward.link_meter import FIRST_WINDOW, MIN_WINDOW, OPEN, PACE, LinkMeter
 from gpu_exporter.forward.mqtt import Link
-from gpu_exporter.mqtt.packet import PacketGuard as _Guard
+from gpu_exporter.mqtt.packet import PacketGuard
 from gpu_exporter.mqtt.settings import LinkSettings
 
 
@@ -98,7 +98,7 @@ def test_the_link_reads_tcps_retransmission_timeout_from_its_socket() -> None:
         settings = LinkSettings("127.0.0.1", 1, None, "5", "t", "", "", 30, 1.0, 16)
         link = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None)
         assert link.tcp_rto() == 0.0  # not connected
-        link._guard = _Guard(client, 1024)
+        link._guard = PacketGuard(client, 1024)
         link.state = "up"
         assert 0.2 <= link.tcp_rto() <= 3.0  # Linux: at least 200 ms, 1 s before any round trip
     finally:
@@ -146,7 +146,7 @@ class FakeSocket:
         return 7
 
 
-def read_all(guard: _Guard) -> bytes:
+def read_all(guard: PacketGuard) -> bytes:
     out = b""
     while True:
         chunk = guard.recv(1 << 28)  # what paho asks: the whole rest of the packet at once
@@ -159,7 +159,7 @@ def test_the_guard_passes_packets_within_the_limit_and_never_asks_for_more_than_
     puback = b"\x40\x02\x00\x07"
     publish = b"\x30\x82\x80\x01" + b"x" * 16386  # remaining length 16386, within 64 KiB
     sock = FakeSocket(puback + publish + puback)
-    guard = _Guard(sock, 64 * 1024)
+    guard = PacketGuard(sock, 64 * 1024)
     assert read_all(guard) == puback + publish + puback
     assert max(sock.asked) <= 16 * 1024
     assert guard.violation == 0
@@ -176,7 +176,7 @@ def test_the_guard_refuses_a_packet_over_the_limit_before_reading_its_body(annou
         if not n:
             break
     sock = FakeSocket(b"\x30" + bytes(length) + b"\x00" * 4096)
-    guard = _Guard(sock, 64 * 1024)
+    guard = PacketGuard(sock, 64 * 1024)
     with pytest.raises(ConnectionAbortedError):
         read_all(guard)
     assert guard.violation == 1 + len(length) + announced
@@ -188,7 +188,7 @@ def test_the_guard_refuses_a_packet_over_the_limit_before_reading_its_body(annou
 def test_the_guard_wraps_a_real_socket_for_select_and_send() -> None:
     a, b = socket.socketpair()
     try:
-        guard = _Guard(a, 1024)
+        guard = PacketGuard(a, 1024)
         b.sendall(b"\xd0\x00")  # PINGRESP
         assert guard.recv(1) == b"\xd0" and guard.recv(1) == b"\x00"
         assert guard.send(b"\xc0\x00") == 2 and b.recv(2) == b"\xc0\x00"

@@ -299,7 +299,7 @@ def test_a_spool_database_found_corrupt_while_running_is_moved_aside_and_counted
     with open(db, "r+b") as handle:  # the last pages: the rows of the queue
         handle.seek(db.stat().st_size - 3 * 4096)
         handle.write(b"\xa5" * 3 * 4096)
-    spool._cache = diskcache.Cache(str(tmp_path / "spool"), disk=spool_module._Disk, **spool_module._SETTINGS)
+    spool._cache = diskcache.Cache(str(tmp_path / "spool"), disk=spool_module._Disk, **spool_module.SETTINGS)
     try:
         spool.put(b"fresh batch", 61, 63, 3)
     except sqlite3.DatabaseError as exc:  # pragma: no cover - the point of the test

@@ -1,4 +1,4 @@
-"""Cutting samples to fit a packet limit (forward/split.py), the payload's ``part`` field, and the
+"""Cutting samples to fit a packet limit (payload/split.py), the payload's ``part`` field, and the
 bridge's replay check by part: a sample cut in parts arrives whole, and a part sent twice is written once.
 
 The samples are 8 simulated GPUs read through the real NVML backend at real times (so the readings move

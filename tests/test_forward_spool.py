@@ -181,7 +181,7 @@ def test_a_full_disk_is_counted_and_never_raises(tmp_path: Path) -> None:
         f"""
         import resource, signal, sys
         from gpu_exporter.forward.spool import Spool
-        from gpu_exporter.forward.spool_faults import _MEMORY_CAP
+        from gpu_exporter.forward.spool_faults import MEMORY_CAP
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         drops = {{}}
         def on_drop(reason, batches, samples):

@@ -2,9 +2,15 @@
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from pathlib import Path
+
+import pytest
+
+from gpu_exporter import config as cfg
+from gpu_exporter.reload import Reloader
 
 from .agent_proc import Proc
 from .conftest import http_get
@@ -87,3 +93,18 @@ def test_reload_under_load_keeps_ring_batch_and_spool(tmp_path: Path) -> None:
         assert proc.stop() == 0
         broker.stop()
     assert "Traceback" not in proc.log()
+
+
+def test_a_reload_changes_the_mqtt_max_rate(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """--mqtt.max-rate is applied by the forwarder on a reload: the reload must hand it on, not keep it."""
+    conf = tmp_path / "config.yaml"
+    base = "gpu-vendor: fake\nmqtt.url: mqtt://127.0.0.1:1883\n"
+    conf.write_text(base + "mqtt.max-rate: 2k\n")
+    args = {"config.file": str(conf)}
+    applied: list[float] = []
+    reloader = Reloader(args, cfg.load(args, {}), [lambda old, new: applied.append(new.mqtt_max_rate)])
+    conf.write_text(base + "mqtt.max-rate: 500\n")
+    with caplog.at_level(logging.WARNING, "gpu_exporter.reload"):
+        assert reloader.reload("test")
+    assert applied == [500] and reloader.current.mqtt_max_rate == 500
+    assert "needs a restart" not in caplog.text

@@ -74,6 +74,14 @@ MUTANTS: tuple[Mutant, ...] = (
             "a column moving against an earlier one (memory free vs used) is encoded as moving with it",
         ),
         Mutant(
+            "codec-up-fast-path-trusted",
+            "src/gpu_exporter/payload/document.py",
+            "    if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):  # the usual case, checked in C\n",
+            "    if False:\n",
+            ("tests/test_forward_batch.py",),
+            "a device's up entries are not checked: 2 or true reads as up, on both the agent's and the bridge's side",
+        ),
+        Mutant(
             "columns-empty-array",
             "src/gpu_exporter/payload/columns.py",
             "            if not col:\n                continue\n            form = col[0]\n",
@@ -103,7 +111,7 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "spool-log-every-refusal",
             "src/gpu_exporter/forward/spool_faults.py",
-            "        if not self._refusing or now - self._logged_at >= _LOG_EVERY:\n",
+            "        if not self._refusing or now - self._logged_at >= LOG_EVERY:\n",
             "        if True:\n",
             ("tests/test_forward_spool.py",),
             "a full disk logs one line per refused batch instead of one",
@@ -149,34 +157,28 @@ MUTANTS: tuple[Mutant, ...] = (
             Mutant(
                 f"forwarder-event-{key}",
                 f"src/gpu_exporter/catalog/{module}",
-                f"{context}        event=True,\n",
+                f"{context}{' ' * indent}event=True,\n",
                 context,
                 ("tests/test_batch_events.py",),
                 f"a change of {key} no longer closes the batch at once: its alert waits for the batch interval",
             )
-            for key, module, context in (
-                ("xid_errors", "extended.py", '        labels=("xid",),\n'),
-                (
-                    "ecc_uncorrected_volatile",
-                    "extended.py",
-                    '        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",\n        dcgm_type="counter",\n',
-                ),
-                (
-                    "ecc_uncorrected_aggregate",
-                    "extended.py",
-                    '        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",\n        dcgm_type="counter",\n',
-                ),
+            for key, module, context, indent in (
+                ("xid_errors", "extended.py", '        labels=("xid",),\n', 8),
+                ("ecc_uncorrected_volatile", "extended.py", '            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",\n', 12),
+                ("ecc_uncorrected_aggregate", "extended.py", '            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",\n', 12),
                 (
                     "ecc_block_uncorrected",
                     "vendors.py",
                     '        {"type": "uncorrected"},\n        labels=("block",),\n',
+                    8,
                 ),
                 (
                     "remapped_rows_uncorrectable",
                     "extended.py",
-                    '        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",\n        dcgm_type="counter",\n',
+                    '            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",\n',
+                    12,
                 ),
-                ("remapped_rows_failure", "extended.py", '        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",\n'),
+                ("remapped_rows_failure", "extended.py", '        dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",\n', 8),
             )
         ),
     ),
@@ -837,6 +839,22 @@ MUTANTS += (
             (_IDENTITY,),
             "DEL and C1 control characters pass in a client id or user name (MQTT forbids them)",
         ),
+        Mutant(
+            "reload-keeps-max-rate",
+            "src/gpu_exporter/mqtt/settings.py",
+            "LINK_LIVE = (*LINK_FIELDS, *LINK_TUNING)\n",
+            "LINK_LIVE = LINK_FIELDS\n",
+            ("tests/test_reload.py::test_a_reload_changes_the_mqtt_max_rate",),
+            "a reload keeps the running --mqtt.max-rate although the forwarder would apply the new one",
+        ),
+        Mutant(
+            "bridge-keepalive-fixed",
+            "src/gpu_exporter/bridge/settings.py",
+            '    keepalive: float = _option(ForwardOptions, "mqtt_keepalive")  # seconds\n',
+            "    keepalive: float = 30.0  # seconds\n",
+            ("tests/test_command_help.py::test_the_bridge_takes_its_mqtt_keepalive_from_the_option",),
+            "the bridge ignores --mqtt.keepalive: its keepalive is fixed at 30 s",
+        ),
     ),
     *_area(
         "labels",
@@ -995,7 +1013,7 @@ MUTANTS += (
         ),
         Mutant(
             "inflate-limit-max-payload-wins",
-            "src/gpu_exporter/payload/columns.py",
+            "src/gpu_exporter/payload/frame.py",
             "    return min(max_bytes, max(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             "    return max(max_bytes, min(INFLATE_FLOOR, INFLATE_RATIO * compressed))\n",
             (f"{_BRIDGE_BOUNDS}::test_a_compression_bomb_stops_at_the_inflate_limit",),

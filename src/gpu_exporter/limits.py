@@ -139,14 +139,7 @@ class SampleBounds:
         return DeviceSample(device, ds.up, dict(kept) if changed else ds.values, info, ds.processes)
 
     def _device_id(self, device: DeviceId) -> DeviceId:
-        fields = (
-            device.gpu,
-            device.uuid,
-            device.gpu_instance,
-            device.compute_instance,
-            device.mig_profile,
-            device.parent_uuid,
-        )
+        fields = device.fields()
         if all(len(f) <= MAX_VALUE // 4 for f in fields):
             return device
         cut = tuple(bound_value(f) for f in fields)

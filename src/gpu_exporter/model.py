@@ -100,6 +100,10 @@ class DeviceId:
     def is_mig(self) -> bool:
         return bool(self.parent_uuid)
 
+    def fields(self) -> tuple[str, str, str, str, str, str]:
+        """Every identity field, in declaration order (MIG ones empty for a whole GPU)."""
+        return (self.gpu, self.uuid, self.gpu_instance, self.compute_instance, self.mig_profile, self.parent_uuid)
+
     def labels(self) -> tuple[tuple[str, str], ...]:
         """Label pairs in a fixed order; MIG labels only for MIG instances."""
         pairs: tuple[tuple[str, str], ...] = (("gpu", self.gpu), ("uuid", self.uuid))

@@ -17,12 +17,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpu_exporter import config as cfg
+from gpu_exporter.mqtt.settings import LINK_LIVE
 
 __all__ = ["LIVE", "Reloader", "stamp"]
 
 log = logging.getLogger("gpu_exporter.reload")
 
-# Config fields that change while running.
+# Config fields that change while running: these, and the link's (mqtt/settings.py says which).
 LIVE = frozenset(
     {
         "log_level",
@@ -39,14 +40,7 @@ LIVE = frozenset(
         "mqtt_batch_max_samples",
         "mqtt_value_digits",
         "spool_replay_rate",
-        "mqtt_username",
-        "mqtt_password_file",
-        "mqtt_url",
-        "mqtt_tls_ca_file",
-        "mqtt_tls_cert_file",
-        "mqtt_tls_key_file",
-        "mqtt_keepalive",
-        "mqtt_reconnect_max_delay",
+        *LINK_LIVE,
     }
 )
 

@@ -12,6 +12,7 @@ from collections import deque
 from collections.abc import Hashable, Mapping
 from dataclasses import dataclass, field
 
+from gpu_exporter import catalog
 from gpu_exporter.model import SeriesKey
 
 __all__ = [
@@ -39,14 +40,9 @@ RETIRED_PAGES_FAILURE = 60  # retired pages at which the memory is out of spare 
 THERMAL_WARNING, THERMAL_FAILURE = 0.10, 0.50  # share of the window held down for heat
 POWER_WARNING = 0.50  # share of the window held down by the power limit
 
-_MEMORY_KEYS = (
-    "ecc_uncorrected_volatile",
-    "remapped_rows_failure",
-    "remapped_rows_pending",
-    "retired_pages_sbe",
-    "retired_pages_dbe",
-)
-_COUNTERS = ("pcie_replay", "clock_event_seconds_thermal", "clock_event_seconds_power")
+# the inputs of the rules, from the catalog (each entry's health role)
+_MEMORY_KEYS = catalog.health_inputs("memory")
+_COUNTERS = tuple(k for k in catalog.health_inputs("pcie", "thermal", "power") if catalog.by_key(k).type == "counter")
 
 
 @dataclass

@@ -6,9 +6,11 @@ import threading
 import time
 from collections.abc import Iterator
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from gpu_exporter.selfmetrics import Declare
 
 __all__ = ["BridgeMetrics", "Liveness", "NodeNames"]
 
@@ -36,137 +38,103 @@ class BridgeMetrics:
     """Every ``gpu_exporter_bridge_*`` counter and gauge, registered in one registry."""
 
     def __init__(self, registry: CollectorRegistry) -> None:
-        p = "gpu_exporter_bridge_"
-        self.messages = Counter(p + "messages_received", "MQTT batch messages received.", registry=registry)
-        self.payloads_dropped = Counter(
-            p + "payloads_dropped",
+        m = Declare(registry, "gpu_exporter_bridge_")
+        self.messages = m.counter("messages_received", "MQTT batch messages received.")
+        self.payloads_dropped = m.counter(
+            "payloads_dropped",
             "Batch messages acknowledged and dropped because they could not be "
             "used, by node (from the topic) and reason (malformed, oversized, node_mismatch: the payload "
             "names another node than its topic).",
             ["node", "reason"],
-            registry=registry,
         )
-        self.gpu_samples = Counter(
-            p + "gpu_samples_written",
-            "Per-device samples (one GPU at one time) written to remote storage.",
-            registry=registry,
+        self.gpu_samples = m.counter(
+            "gpu_samples_written", "Per-device samples (one GPU at one time) written to remote storage."
         )
-        self.samples = Counter(
-            p + "samples_written",
-            "Remote-write samples (one value of one series) accepted by remote storage.",
-            registry=registry,
+        self.samples = m.counter(
+            "samples_written", "Remote-write samples (one value of one series) accepted by remote storage."
         )
-        self.samples_rejected = Counter(
-            p + "samples_rejected",
+        self.samples_rejected = m.counter(
+            "samples_rejected",
             "Samples remote storage refused for good and that were dropped, by reason (too_old, "
             "out_of_order, duplicate, client_error: any other 4xx, a 3xx redirect included).",
             ["reason"],
-            registry=registry,
         )
-        self.duplicates = Counter(
-            p + "duplicate_samples",
-            "Edge samples dropped because the same (node, boot, seq) was written before.",
-            registry=registry,
+        self.duplicates = m.counter(
+            "duplicate_samples", "Edge samples dropped because the same (node, boot, seq) was written before."
         )
-        self.requests = Counter(
-            p + "write_requests",
-            "Remote-write requests by HTTP status (0: no answer).",
-            ["code"],
-            registry=registry,
-        )
-        self.write_errors = Counter(
-            p + "write_errors",
+        self.requests = m.counter("write_requests", "Remote-write requests by HTTP status (0: no answer).", ["code"])
+        self.write_errors = m.counter(
+            "write_errors",
             "Remote-write attempts that failed and were retried, by reason (network, server, throttled).",
             ["reason"],
-            registry=registry,
         )
-        self.write_duration = Histogram(
-            p + "write_duration_seconds",
+        self.write_duration = m.histogram(
+            "write_duration_seconds",
             "Time of one remote-write HTTP request.",
-            registry=registry,
-            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
         )
-        self.lag = Gauge(
-            p + "lag_seconds",
+        self.lag = m.gauge(
+            "lag_seconds",
             "Age of the newest sample in the last write that remote storage accepted, when it was written.",
-            registry=registry,
         )
-        self.last_write = Gauge(
-            p + "last_write_timestamp_seconds",
+        self.last_write = m.gauge(
+            "last_write_timestamp_seconds",
             "When the last remote write that remote storage accepted (any of its samples) finished.",
-            registry=registry,
         )
-        self.queue = Gauge(
-            p + "queue_messages", "Messages received and not yet written and acknowledged.", registry=registry
-        )
-        self.connected = Gauge(p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry)
-        self.edge_refused = Counter(
-            p + "edge_samples_refused",
+        self.queue = m.gauge("queue_messages", "Messages received and not yet written and acknowledged.")
+        self.connected = m.gauge("mqtt_connected", "1 while connected to the MQTT broker.")
+        self.edge_refused = m.counter(
+            "edge_samples_refused",
             "Edge samples (one timestamp of a batch) the bridge refused before writing, by node and reason "
             "(clock_skew: the node's clock is off and the policy is refuse; future: stamped after the "
             "bridge's clock; before_epoch: stamped before 1970).",
             ["node", "reason"],
-            registry=registry,
         )
-        self.edge_corrected = Counter(
-            p + "edge_samples_corrected",
+        self.edge_corrected = m.counter(
+            "edge_samples_corrected",
             "Edge samples whose timestamps were moved by the node's measured clock skew, by node.",
             ["node"],
-            registry=registry,
         )
-        self.series_limited = Counter(
-            p + "series_limited",
+        self.series_limited = m.counter(
+            "series_limited",
             "Values dropped because a series limit refused their series, by node and reason (node: the node "
             "reached --bridge.max-series-per-node; fleet: the fleet reached --bridge.max-series).",
             ["node", "reason"],
-            registry=registry,
         )
-        self.values_dropped = Counter(
-            p + "values_dropped",
+        self.values_dropped = m.counter(
+            "values_dropped",
             "Values dropped by the value policy, by node and reason (nan, inf, negative_counter, counter_backwards).",
             ["node", "reason"],
-            registry=registry,
         )
-        self.labels_dropped = Counter(
-            p + "labels_dropped",
+        self.labels_dropped = m.counter(
+            "labels_dropped",
             "Identity strings left out of gpu_info, by node and reason (invalid_name, name_too_long, "
             "reserved, value_too_long, too_many); counted once per distinct set of identity strings.",
             ["node", "reason"],
-            registry=registry,
         )
-        self.new_nodes = Counter(
-            p + "new_nodes", "Node names the bridge started to write series for.", registry=registry
-        )
-        self.new_nodes_refused = Counter(
-            p + "new_nodes_refused",
+        self.new_nodes = m.counter("new_nodes", "Node names the bridge started to write series for.")
+        self.new_nodes_refused = m.counter(
+            "new_nodes_refused",
             "Batches dropped because their node name was new and --bridge.new-nodes-per-minute was reached.",
-            registry=registry,
         )
-        self.active_series = Gauge(
-            p + "active_series",
-            "Series counted against --bridge.max-series (active in the last 1-2 hours).",
-            registry=registry,
+        self.active_series = m.gauge(
+            "active_series", "Series counted against --bridge.max-series (active in the last 1-2 hours)."
         )
-        self.twin_batches = Counter(
-            p + "twin_batches",
+        self.twin_batches = m.counter(
+            "twin_batches",
             "Batches whose samples overlap in time those of another live boot of the same node: two agents "
             "publish under one node name. By node.",
             ["node"],
-            registry=registry,
         )
-        self.queue_bytes = Gauge(
-            p + "queue_bytes", "Payload bytes received and not yet written and acknowledged.", registry=registry
-        )
-        self.inflight_wait = Counter(
-            p + "inflight_wait_seconds",
+        self.queue_bytes = m.gauge("queue_bytes", "Payload bytes received and not yet written and acknowledged.")
+        self.inflight_wait = m.counter(
+            "inflight_wait_seconds",
             "Time the MQTT network thread waited because --bridge.max-inflight or --bridge.max-inflight-bytes "
             "was reached (meanwhile the broker keeps the messages).",
-            registry=registry,
         )
-        self.redeliveries = Counter(
-            p + "redeliveries_skipped",
+        self.redeliveries = m.counter(
+            "redeliveries_skipped",
             "Messages the broker sent again (after a reconnection) while the bridge still held them.",
-            registry=registry,
         )
 
 

@@ -132,10 +132,8 @@ class Bridge:
                 ca_certs=settings.mqtt_ca_file or None,
                 certfile=settings.mqtt_cert_file or None,
                 keyfile=settings.mqtt_key_file or None,
-                cert_reqs=ssl.CERT_NONE if settings.mqtt_insecure_skip_verify else ssl.CERT_REQUIRED,
+                cert_reqs=ssl.CERT_REQUIRED,
             )
-            if settings.mqtt_insecure_skip_verify:
-                self._client.tls_insecure_set(True)
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_connect_fail = self._on_connect_fail
@@ -169,7 +167,7 @@ class Bridge:
         props.ReceiveMaximum = self.settings.receive_maximum
         props.MaximumPacketSize = max_packet_size(self.settings)
         self._client.connect_async(
-            self._host, self._port, keepalive=self.settings.keepalive, clean_start=False, properties=props
+            self._host, self._port, keepalive=round(self.settings.keepalive), clean_start=False, properties=props
         )
         self._client.loop_start()
         self._thread.start()
@@ -517,7 +515,7 @@ class Bridge:
 def _stream(batch: ColumnBatch) -> str:
     """What repeats are told apart by, with the node: the boot, and for summaries a stream of their own
     (a summary point carries the sequence number of its window's last sample, which the raw sample
-    still has to bring), and for a part of a sample (forward/split.py) one per part: the other parts of
+    still has to bring), and for a part of a sample (payload/split.py) one per part: the other parts of
     the same sample are no replays of it."""
     stream = batch.boot + "/summary" if batch.summary_ms else batch.boot
     return f"{stream}/{batch.part}" if batch.part else stream

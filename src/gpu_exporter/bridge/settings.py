@@ -40,11 +40,10 @@ class BridgeSettings:
     mqtt_ca_file: str = _option(ForwardOptions, "mqtt_tls_ca_file")
     mqtt_cert_file: str = _option(ForwardOptions, "mqtt_tls_cert_file")
     mqtt_key_file: str = _option(ForwardOptions, "mqtt_tls_key_file")
-    mqtt_insecure_skip_verify: bool = False
     group: str = _option(BridgeOptions, "bridge_group")  # shared subscription group; empty: a plain subscription
     client_id: str = "gpu-exporter-bridge"
     session_expiry: float = _option(BridgeOptions, "bridge_session_expiry")
-    keepalive: int = 30  # seconds
+    keepalive: float = _option(ForwardOptions, "mqtt_keepalive")  # seconds
     # also the bridge's own bound on messages held unacknowledged
     receive_maximum: int = _option(BridgeOptions, "bridge_max_inflight")
     max_inflight_bytes: int = _option(BridgeOptions, "bridge_max_inflight_bytes")

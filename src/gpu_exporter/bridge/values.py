@@ -34,7 +34,7 @@ from gpu_exporter.model import SeriesKey
 __all__ = ["COUNTER_KEYS", "RESET_AFTER", "Counters", "drop_nonfinite"]
 
 RESET_AFTER = 3
-COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
+COUNTER_KEYS = catalog.COUNTER_KEYS
 Column = list[float | None]
 
 

@@ -17,7 +17,18 @@ from dataclasses import dataclass
 from gpu_exporter.catalog import core, extended, vendors
 from gpu_exporter.catalog.metric import Metric, MetricType
 
-__all__ = ["CATALOG", "GROUPS", "Family", "Metric", "by_key", "families", "kept_keys", "name_filter"]
+__all__ = [
+    "CATALOG",
+    "COUNTER_KEYS",
+    "GROUPS",
+    "Family",
+    "Metric",
+    "by_key",
+    "families",
+    "health_inputs",
+    "kept_keys",
+    "name_filter",
+]
 
 CATALOG: tuple[Metric, ...] = (*core.METRICS, *extended.METRICS, *vendors.METRICS)
 
@@ -26,9 +37,17 @@ GROUPS: tuple[str, ...] = (*dict.fromkeys(m.group for m in CATALOG), "mig")
 
 _BY_KEY = {m.key: m for m in CATALOG}
 
+# the keys of type counter: a reader of a batch checks that their values never go down within a boot
+COUNTER_KEYS = frozenset(m.key for m in CATALOG if m.type == "counter")
+
 
 def by_key(key: str) -> Metric:
     return _BY_KEY[key]
+
+
+def health_inputs(*subsystems: str) -> tuple[str, ...]:
+    """The keys the ``gpu_health`` rules of ``subsystems`` read (backends/health.py), in catalog order."""
+    return tuple(m.key for m in CATALOG if m.health and m.health in subsystems)
 
 
 @dataclass(frozen=True, slots=True)

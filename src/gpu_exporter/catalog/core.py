@@ -2,7 +2,17 @@
 
 from __future__ import annotations
 
-from gpu_exporter.catalog.metric import CLOCK_HELP, MAXCLOCK_HELP, PCIE_HELP, TEMP_HELP, Metric, MiB, entry
+from gpu_exporter.catalog.metric import (
+    CLOCK_HELP,
+    MAXCLOCK_HELP,
+    PCIE_HELP,
+    TEMP_HELP,
+    Metric,
+    MiB,
+    Variant,
+    entry,
+    family,
+)
 
 METRICS: tuple[Metric, ...] = (
     # utilization
@@ -87,25 +97,15 @@ METRICS: tuple[Metric, ...] = (
         "memory",
     ),
     # temperature
-    entry(
-        "temp_gpu",
+    *family(
         "gpu_temperature_celsius",
         "gauge",
         TEMP_HELP,
         "temperature",
-        {"sensor": "gpu"},
-        dcgm="DCGM_FI_DEV_GPU_TEMP",
+        Variant("temp_gpu", {"sensor": "gpu"}, "DCGM_FI_DEV_GPU_TEMP"),
+        Variant("temp_memory", {"sensor": "memory"}, "DCGM_FI_DEV_MEMORY_TEMP"),
+        Variant("temp_junction", {"sensor": "junction"}),
     ),
-    entry(
-        "temp_memory",
-        "gpu_temperature_celsius",
-        "gauge",
-        TEMP_HELP,
-        "temperature",
-        {"sensor": "memory"},
-        dcgm="DCGM_FI_DEV_MEMORY_TEMP",
-    ),
-    entry("temp_junction", "gpu_temperature_celsius", "gauge", TEMP_HELP, "temperature", {"sensor": "junction"}),
     # power and energy
     entry("power", "gpu_power_watts", "gauge", "Power draw in watts.", "power", dcgm="DCGM_FI_DEV_POWER_USAGE"),
     entry(
@@ -127,59 +127,28 @@ METRICS: tuple[Metric, ...] = (
         dcgm_type="counter",
     ),
     # clocks
-    entry("clock_graphics", "gpu_clock_hertz", "gauge", CLOCK_HELP, "clocks", {"clock": "graphics"}),
-    entry(
-        "clock_sm",
+    *family(
         "gpu_clock_hertz",
         "gauge",
         CLOCK_HELP,
         "clocks",
-        {"clock": "sm"},
-        dcgm="DCGM_FI_DEV_SM_CLOCK",
+        Variant("clock_graphics", {"clock": "graphics"}),
+        Variant("clock_sm", {"clock": "sm"}, "DCGM_FI_DEV_SM_CLOCK"),
+        Variant("clock_memory", {"clock": "memory"}, "DCGM_FI_DEV_MEM_CLOCK"),
+        Variant("clock_video", {"clock": "video"}, "DCGM_FI_DEV_VIDEO_CLOCK"),
         scale=1e-6,
     ),
-    entry(
-        "clock_memory",
-        "gpu_clock_hertz",
-        "gauge",
-        CLOCK_HELP,
-        "clocks",
-        {"clock": "memory"},
-        dcgm="DCGM_FI_DEV_MEM_CLOCK",
-        scale=1e-6,
-    ),
-    entry(
-        "clock_video",
-        "gpu_clock_hertz",
-        "gauge",
-        CLOCK_HELP,
-        "clocks",
-        {"clock": "video"},
-        dcgm="DCGM_FI_DEV_VIDEO_CLOCK",
-        scale=1e-6,
-    ),
-    entry("clock_max_graphics", "gpu_clock_max_hertz", "gauge", MAXCLOCK_HELP, "clocks", {"clock": "graphics"}),
-    entry(
-        "clock_max_sm",
+    *family(
         "gpu_clock_max_hertz",
         "gauge",
         MAXCLOCK_HELP,
         "clocks",
-        {"clock": "sm"},
-        dcgm="DCGM_FI_DEV_MAX_SM_CLOCK",
+        Variant("clock_max_graphics", {"clock": "graphics"}),
+        Variant("clock_max_sm", {"clock": "sm"}, "DCGM_FI_DEV_MAX_SM_CLOCK"),
+        Variant("clock_max_memory", {"clock": "memory"}, "DCGM_FI_DEV_MAX_MEM_CLOCK"),
+        Variant("clock_max_video", {"clock": "video"}),
         scale=1e-6,
     ),
-    entry(
-        "clock_max_memory",
-        "gpu_clock_max_hertz",
-        "gauge",
-        MAXCLOCK_HELP,
-        "clocks",
-        {"clock": "memory"},
-        dcgm="DCGM_FI_DEV_MAX_MEM_CLOCK",
-        scale=1e-6,
-    ),
-    entry("clock_max_video", "gpu_clock_max_hertz", "gauge", MAXCLOCK_HELP, "clocks", {"clock": "video"}),
     entry(
         "clock_event_reason",
         "gpu_clock_event_reason_active",
@@ -207,23 +176,13 @@ METRICS: tuple[Metric, ...] = (
         scale=100,
     ),
     # pcie
-    entry(
-        "pcie_tx",
+    *family(
         "gpu_pcie_throughput_bytes_per_second",
         "gauge",
         PCIE_HELP,
         "pcie",
-        {"direction": "tx"},
-        dcgm="DCGM_FI_PROF_PCIE_TX_BYTES",
-    ),
-    entry(
-        "pcie_rx",
-        "gpu_pcie_throughput_bytes_per_second",
-        "gauge",
-        PCIE_HELP,
-        "pcie",
-        {"direction": "rx"},
-        dcgm="DCGM_FI_PROF_PCIE_RX_BYTES",
+        Variant("pcie_tx", {"direction": "tx"}, "DCGM_FI_PROF_PCIE_TX_BYTES"),
+        Variant("pcie_rx", {"direction": "rx"}, "DCGM_FI_PROF_PCIE_RX_BYTES"),
     ),
     entry(
         "pcie_replay",
@@ -233,6 +192,7 @@ METRICS: tuple[Metric, ...] = (
         "pcie",
         dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         dcgm_type="counter",
+        health="pcie",
     ),
     entry(
         "pcie_link_generation",

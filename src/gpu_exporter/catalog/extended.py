@@ -2,72 +2,76 @@
 
 from __future__ import annotations
 
-from gpu_exporter.catalog.metric import POD_LABELS, Metric, entry
+from gpu_exporter.catalog.metric import POD_LABELS, Metric, MetricType, Variant, entry, family
+
+# the per-pod series (k8s/): produced by the attributor, forwarded with the device's values
+_POD: tuple[tuple[str, str, MetricType, str], ...] = (
+    (
+        "pod_info",
+        "gpu_pod_info",
+        "gauge",
+        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+    ),
+    (
+        "pod_memory",
+        "gpu_pod_memory_used_bytes",
+        "gauge",
+        "Device memory used by the container's GPU processes, in bytes.",
+    ),
+    (
+        "pod_utilization",
+        "gpu_pod_utilization_ratio",
+        "gauge",
+        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
+    ),
+    (
+        "pod_energy",
+        "gpu_pod_energy_joules_total",
+        "counter",
+        "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
+        "since it appeared on the GPU.",
+    ),
+)
 
 METRICS: tuple[Metric, ...] = (
     # ecc and memory health
-    entry(
-        "ecc_corrected_volatile",
+    *family(
         "gpu_ecc_errors_total",
         "counter",
         "ECC errors by type and scope (volatile: since driver load; aggregate: lifetime).",
         "ecc",
-        {"type": "corrected", "scope": "volatile"},
-        dcgm="DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+        Variant("ecc_corrected_volatile", {"type": "corrected", "scope": "volatile"}, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+        Variant(
+            "ecc_uncorrected_volatile",
+            {"type": "uncorrected", "scope": "volatile"},
+            "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
+            event=True,
+            health="memory",
+        ),
+        Variant(
+            "ecc_corrected_aggregate", {"type": "corrected", "scope": "aggregate"}, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"
+        ),
+        Variant(
+            "ecc_uncorrected_aggregate",
+            {"type": "uncorrected", "scope": "aggregate"},
+            "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
+            event=True,
+        ),
         dcgm_type="counter",
     ),
-    entry(
-        "ecc_uncorrected_volatile",
-        "gpu_ecc_errors_total",
-        "counter",
-        "ECC errors by type and scope (volatile: since driver load; aggregate: lifetime).",
-        "ecc",
-        {"type": "uncorrected", "scope": "volatile"},
-        dcgm="DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
-        dcgm_type="counter",
-        event=True,
-    ),
-    entry(
-        "ecc_corrected_aggregate",
-        "gpu_ecc_errors_total",
-        "counter",
-        "ECC errors by type and scope (volatile: since driver load; aggregate: lifetime).",
-        "ecc",
-        {"type": "corrected", "scope": "aggregate"},
-        dcgm="DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
-        dcgm_type="counter",
-    ),
-    entry(
-        "ecc_uncorrected_aggregate",
-        "gpu_ecc_errors_total",
-        "counter",
-        "ECC errors by type and scope (volatile: since driver load; aggregate: lifetime).",
-        "ecc",
-        {"type": "uncorrected", "scope": "aggregate"},
-        dcgm="DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
-        dcgm_type="counter",
-        event=True,
-    ),
-    entry(
-        "remapped_rows_correctable",
+    *family(
         "gpu_remapped_rows_total",
         "counter",
         "Memory rows remapped, by the kind of error that caused it.",
         "ecc",
-        {"type": "correctable"},
-        dcgm="DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        Variant("remapped_rows_correctable", {"type": "correctable"}, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+        Variant(
+            "remapped_rows_uncorrectable",
+            {"type": "uncorrectable"},
+            "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+            event=True,
+        ),
         dcgm_type="counter",
-    ),
-    entry(
-        "remapped_rows_uncorrectable",
-        "gpu_remapped_rows_total",
-        "counter",
-        "Memory rows remapped, by the kind of error that caused it.",
-        "ecc",
-        {"type": "uncorrectable"},
-        dcgm="DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-        dcgm_type="counter",
-        event=True,
     ),
     entry(
         "remapped_rows_pending",
@@ -75,6 +79,7 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         "1 when a row remapping is pending (takes effect after a GPU reset).",
         "ecc",
+        health="memory",
     ),
     entry(
         "remapped_rows_failure",
@@ -84,24 +89,15 @@ METRICS: tuple[Metric, ...] = (
         "ecc",
         dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",
         event=True,
+        health="memory",
     ),
-    entry(
-        "retired_pages_sbe",
+    *family(
         "gpu_retired_pages",
         "gauge",
         "Memory pages retired, by cause.",
         "ecc",
-        {"cause": "multiple_single_bit"},
-        dcgm="DCGM_FI_DEV_RETIRED_SBE",
-    ),
-    entry(
-        "retired_pages_dbe",
-        "gpu_retired_pages",
-        "gauge",
-        "Memory pages retired, by cause.",
-        "ecc",
-        {"cause": "double_bit"},
-        dcgm="DCGM_FI_DEV_RETIRED_DBE",
+        Variant("retired_pages_sbe", {"cause": "multiple_single_bit"}, "DCGM_FI_DEV_RETIRED_SBE", health="memory"),
+        Variant("retired_pages_dbe", {"cause": "double_bit"}, "DCGM_FI_DEV_RETIRED_DBE", health="memory"),
     ),
     # nvlink
     entry(
@@ -130,64 +126,44 @@ METRICS: tuple[Metric, ...] = (
         "processes",
     ),
     # gpm (Hopper and newer)
-    entry(
-        "sm_active",
-        "gpu_sm_active_ratio",
-        "gauge",
-        "Fraction of time at least one warp was active on an SM, averaged over SMs (0-1).",
-        "gpm",
-        dcgm="DCGM_FI_PROF_SM_ACTIVE",
+    *(
+        entry(key, name, "gauge", help_, "gpm", dcgm=dcgm)
+        for key, name, help_, dcgm in (
+            (
+                "sm_active",
+                "gpu_sm_active_ratio",
+                "Fraction of time at least one warp was active on an SM, averaged over SMs (0-1).",
+                "DCGM_FI_PROF_SM_ACTIVE",
+            ),
+            (
+                "sm_occupancy",
+                "gpu_sm_occupancy_ratio",
+                "Resident warps as a fraction of the theoretical maximum, averaged over SMs (0-1).",
+                "DCGM_FI_PROF_SM_OCCUPANCY",
+            ),
+            (
+                "tensor_active",
+                "gpu_tensor_active_ratio",
+                "Fraction of cycles a tensor pipe was active (0-1).",
+                "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+            ),
+            (
+                "dram_active",
+                "gpu_dram_active_ratio",
+                "Device memory bandwidth used as a fraction of its peak (0-1).",
+                "DCGM_FI_PROF_DRAM_ACTIVE",
+            ),
+        )
     ),
-    entry(
-        "sm_occupancy",
-        "gpu_sm_occupancy_ratio",
-        "gauge",
-        "Resident warps as a fraction of the theoretical maximum, averaged over SMs (0-1).",
-        "gpm",
-        dcgm="DCGM_FI_PROF_SM_OCCUPANCY",
-    ),
-    entry(
-        "tensor_active",
-        "gpu_tensor_active_ratio",
-        "gauge",
-        "Fraction of cycles a tensor pipe was active (0-1).",
-        "gpm",
-        dcgm="DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
-    ),
-    entry(
-        "dram_active",
-        "gpu_dram_active_ratio",
-        "gauge",
-        "Device memory bandwidth used as a fraction of its peak (0-1).",
-        "gpm",
-        dcgm="DCGM_FI_PROF_DRAM_ACTIVE",
-    ),
-    entry(
-        "fp64_active",
+    *family(
         "gpu_pipe_active_ratio",
         "gauge",
         "Fraction of cycles a math pipe was active (0-1).",
         "gpm",
-        {"pipe": "fp64"},
-        dcgm="DCGM_FI_PROF_PIPE_FP64_ACTIVE",
-    ),
-    entry(
-        "fp32_active",
-        "gpu_pipe_active_ratio",
-        "gauge",
-        "Fraction of cycles a math pipe was active (0-1).",
-        "gpm",
-        {"pipe": "fp32"},
-        dcgm="DCGM_FI_PROF_PIPE_FP32_ACTIVE",
-    ),
-    entry(
-        "fp16_active",
-        "gpu_pipe_active_ratio",
-        "gauge",
-        "Fraction of cycles a math pipe was active (0-1).",
-        "gpm",
-        {"pipe": "fp16"},
-        dcgm="DCGM_FI_PROF_PIPE_FP16_ACTIVE",
+        *(
+            Variant(f"{pipe}_active", {"pipe": pipe}, f"DCGM_FI_PROF_PIPE_{pipe.upper()}_ACTIVE")
+            for pipe in ("fp64", "fp32", "fp16")
+        ),
     ),
     # xid
     entry(
@@ -198,63 +174,29 @@ METRICS: tuple[Metric, ...] = (
         "xid",
         labels=("xid",),
         event=True,
+        health="xid",
     ),
     # per-pod attribution (k8s/): produced by the attributor, forwarded with the device's values
-    entry(
-        "pod_info",
-        "gpu_pod_info",
-        "gauge",
-        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
-        "processes",
-        labels=POD_LABELS,
-    ),
-    entry(
-        "pod_memory",
-        "gpu_pod_memory_used_bytes",
-        "gauge",
-        "Device memory used by the container's GPU processes, in bytes.",
-        "processes",
-        labels=POD_LABELS,
-    ),
-    entry(
-        "pod_utilization",
-        "gpu_pod_utilization_ratio",
-        "gauge",
-        "Summed SM utilization of the container's GPU processes (0-1 per GPU).",
-        "processes",
-        labels=POD_LABELS,
-    ),
-    entry(
-        "pod_energy",
-        "gpu_pod_energy_joules_total",
-        "counter",
-        "GPU energy above idle attributed to the container by its share of SM utilization, in joules, "
-        "since it appeared on the GPU.",
-        "processes",
-        labels=POD_LABELS,
-    ),
+    *(entry(key, name, type_, help_, "processes", labels=POD_LABELS) for key, name, type_, help_ in _POD),
     # --- GPU health at a glance: throttle time, the health summary, the last XID ---
-    *(
-        entry(
-            f"clock_event_seconds_{reason}",
-            "gpu_clock_event_seconds_total",
-            "counter",
-            "Seconds the clocks were held down, by cause (NVIDIA: since the driver loaded; AMD: since the agent "
-            "started).",
-            "clocks",
-            {"reason": reason},
-            dcgm=field,
-            scale=1e6,
-            dcgm_type="counter",
-        )
-        for reason, field in (
-            ("power", "DCGM_FI_DEV_POWER_VIOLATION"),
-            ("thermal", "DCGM_FI_DEV_THERMAL_VIOLATION"),
-            ("sync_boost", "DCGM_FI_DEV_SYNC_BOOST_VIOLATION"),
-            ("board_limit", "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION"),
-            ("low_utilization", "DCGM_FI_DEV_LOW_UTIL_VIOLATION"),
-            ("reliability", "DCGM_FI_DEV_RELIABILITY_VIOLATION"),
-        )
+    *family(
+        "gpu_clock_event_seconds_total",
+        "counter",
+        "Seconds the clocks were held down, by cause (NVIDIA: since the driver loaded; AMD: since the agent started).",
+        "clocks",
+        *(
+            Variant(f"clock_event_seconds_{reason}", {"reason": reason}, f"DCGM_FI_DEV_{field}_VIOLATION", health=role)
+            for reason, field, role in (
+                ("power", "POWER", "power"),
+                ("thermal", "THERMAL", "thermal"),
+                ("sync_boost", "SYNC_BOOST", ""),
+                ("board_limit", "BOARD_LIMIT", ""),
+                ("low_utilization", "LOW_UTIL", ""),
+                ("reliability", "RELIABILITY", ""),
+            )
+        ),
+        scale=1e6,
+        dcgm_type="counter",
     ),
     entry(
         "health",
@@ -271,5 +213,6 @@ METRICS: tuple[Metric, ...] = (
         "Code of the most recent XID error since the agent started, 0 when none (gpu_xid_errors_total counts them).",
         "xid",
         dcgm="DCGM_FI_DEV_XID_ERRORS",
+        health="xid",
     ),
 )

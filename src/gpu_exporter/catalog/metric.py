@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 __all__ = [
     "CLOCK_HELP",
@@ -14,7 +14,9 @@ __all__ = [
     "Metric",
     "MetricType",
     "MiB",
+    "Variant",
     "entry",
+    "family",
 ]
 
 MetricType = Literal["gauge", "counter"]
@@ -37,6 +39,8 @@ class Metric:
     # an alert waits for it: a change closes the agent's open batch at once, and every summary carries
     # it whatever the link (forward/summary.py)
     event: bool = False
+    # the gpu_health subsystem whose rule reads it (backends/health.py, docs/health.md); "" for none
+    health: str = ""
 
 
 def entry(
@@ -51,9 +55,49 @@ def entry(
     scale: float = 1.0,
     dcgm_type: MetricType | None = None,
     event: bool = False,
+    health: str = "",
 ) -> Metric:
     const_labels = tuple((const or {}).items())
-    return Metric(key, name, type_, help_, group, const_labels, labels, dcgm, scale, dcgm_type, event)
+    return Metric(key, name, type_, help_, group, const_labels, labels, dcgm, scale, dcgm_type, event, health)
+
+
+class Variant(NamedTuple):
+    """One entry of a ``family``: its key, constant labels, DCGM field, and flags."""
+
+    key: str
+    const: dict[str, str]
+    dcgm: str = ""
+    event: bool = False
+    health: str = ""
+
+
+def family(
+    name: str,
+    type_: MetricType,
+    help_: str,
+    group: str,
+    *variants: Variant,
+    scale: float = 1.0,
+    dcgm_type: MetricType | None = None,
+) -> tuple[Metric, ...]:
+    """The entries of one Prometheus family that tell themselves apart by constant labels, one per
+    variant; ``scale`` and ``dcgm_type`` apply to those with a DCGM field."""
+    return tuple(
+        entry(
+            v.key,
+            name,
+            type_,
+            help_,
+            group,
+            v.const,
+            dcgm=v.dcgm,
+            scale=scale if v.dcgm else 1.0,
+            dcgm_type=dcgm_type if v.dcgm else None,
+            event=v.event,
+            health=v.health,
+        )
+        for v in variants
+    )
 
 
 TEMP_HELP = "Temperature in degrees Celsius, by sensor."

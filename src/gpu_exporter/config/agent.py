@@ -7,15 +7,15 @@ from dataclasses import dataclass
 from gpu_exporter.backends import registry
 from gpu_exporter.config.parsers import (
     Option,
-    _choice,
-    _duration_at_least,
-    _int_between,
-    _interval,
-    _listen,
-    _nonneg_int,
-    _path,
-    _regex,
-    _seconds_between,
+    choice,
+    duration_at_least,
+    int_between,
+    parse_interval,
+    parse_listen,
+    parse_nonneg_int,
+    parse_path,
+    parse_regex,
+    seconds_between,
 )
 
 __all__ = ["AGENT_OPTIONS", "SHARED_WITH_BRIDGE", "VENDORS", "AgentOptions"]
@@ -56,21 +56,21 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "gpu-vendor",
         "gpu_vendor",
-        _choice(*VENDORS),
+        choice(*VENDORS),
         "GPU library to read: auto picks what the machine has; fake simulates GPUs",
         "VENDOR",
     ),
     Option(
         "gpu-metrics-collection-interval",
         "interval",
-        _interval,
+        parse_interval,
         "how often GPUs are read, e.g. 500ms, 5s, 1m",
         "DURATION",
     ),
     Option(
         "metrics-buffer-size",
         "buffer_size",
-        _int_between(1, 1_000_000),
+        int_between(1, 1_000_000),
         "samples kept in the ring buffer (the oldest is overwritten); it only needs to cover a pause of the "
         "forwarder or of pod attribution, 21 min at the default interval",
         "N",
@@ -78,11 +78,11 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "web.listen-address",
         "listen_address",
-        _listen,
+        parse_listen,
         "address for /metrics, /healthz, /readyz",
         "[HOST]:PORT",
     ),
-    Option("web.telemetry-path", "telemetry_path", _path, "path under which metrics are served", "PATH"),
+    Option("web.telemetry-path", "telemetry_path", parse_path, "path under which metrics are served", "PATH"),
     Option(
         "web.config.file",
         "web_config_file",
@@ -94,7 +94,7 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "web.max-connections",
         "web_max_connections",
-        _int_between(2, 10000),
+        int_between(2, 10000),
         "open HTTP connections served at once; past it the connection waiting longest for its request is "
         "closed, or a 503 when all are busy (counted in gpu_exporter_http_connections_dropped_total)",
         "N",
@@ -102,52 +102,52 @@ AGENT_OPTIONS: tuple[Option, ...] = (
     Option(
         "web.read-timeout",
         "web_read_timeout",
-        _seconds_between(0.1, 600),
+        seconds_between(0.1, 600),
         "a request (and TLS handshake) must arrive in full within this time of the connection",
         "DURATION",
     ),
     Option(
         "web.idle-timeout",
         "web_idle_timeout",
-        _seconds_between(1, 3600),
+        seconds_between(1, 3600),
         "a keep-alive connection is closed after this long without a request",
         "DURATION",
     ),
     Option("node-name", "node_name", str, "node name (default: $NODE_NAME, else the hostname)", "NAME"),
-    Option("log.level", "log_level", _choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
+    Option("log.level", "log_level", choice("debug", "info", "warn", "error"), "log level", "LEVEL"),
     Option(
         "log.format",
         "log_format",
-        _choice("logfmt", "json", "text"),
+        choice("logfmt", "json", "text"),
         "log format: logfmt (ts=... level=... caller=... msg=...) or json; text is logfmt too",
         "FORMAT",
     ),
     Option(
         "metrics.include",
         "metrics_include",
-        _regex,
+        parse_regex,
         "only serve and forward metrics whose name matches this regex",
         "REGEX",
     ),
-    Option("metrics.exclude", "metrics_exclude", _regex, "drop metrics whose name matches this regex", "REGEX"),
-    Option("fake.gpus", "fake_gpus", _int_between(1, 64), "simulated GPUs for --gpu-vendor=fake", "N"),
+    Option("metrics.exclude", "metrics_exclude", parse_regex, "drop metrics whose name matches this regex", "REGEX"),
+    Option("fake.gpus", "fake_gpus", int_between(1, 64), "simulated GPUs for --gpu-vendor=fake", "N"),
     Option(
         "fake.mig",
         "fake_mig",
-        _nonneg_int,
+        parse_nonneg_int,
         "MIG instances on the first simulated GPU (0 disables MIG; at most 7)",
         "N",
     ),
-    Option("fake.seed", "fake_seed", _int_between(0, 2**32 - 1), "seed for the simulated values", "N"),
+    Option("fake.seed", "fake_seed", int_between(0, 2**32 - 1), "seed for the simulated values", "N"),
     Option(
         "fake.pcie-call-duration",
         "fake_pcie_call_seconds",
-        _duration_at_least(0.0),
+        duration_at_least(0.0),
         "time each simulated PCIe throughput call blocks, as a real driver samples the link (e.g. 20ms)",
         "DURATION",
     ),
-    Option("path.sysfs", "path_sysfs", _path, "sysfs mount point", "PATH"),
-    Option("path.procfs", "path_procfs", _path, "procfs mount point", "PATH"),
+    Option("path.sysfs", "path_sysfs", parse_path, "sysfs mount point", "PATH"),
+    Option("path.procfs", "path_procfs", parse_path, "procfs mount point", "PATH"),
 )
 
 # The bridge's endpoint (TLS, auth, limits: web/server.py) and its logs take these too.

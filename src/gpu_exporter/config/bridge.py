@@ -6,20 +6,20 @@ from dataclasses import dataclass
 
 from gpu_exporter.config.parsers import (
     Option,
-    _bool,
-    _choice,
-    _duration_at_least,
-    _group,
-    _headers,
-    _http_url,
-    _int_between,
-    _label_name,
-    _listen,
-    _max_payload,
-    _packet_size,
-    _positive_int,
-    _seconds_between,
-    _size_between,
+    choice,
+    duration_at_least,
+    int_between,
+    parse_bool,
+    parse_group,
+    parse_headers,
+    parse_http_url,
+    parse_label_name,
+    parse_listen,
+    parse_max_payload,
+    parse_packet_size,
+    parse_positive_int,
+    seconds_between,
+    size_between,
 )
 
 __all__ = ["BRIDGE_OPTIONS", "REMOTE_WRITE_OPTIONS", "BridgeOptions", "RemoteWriteOptions"]
@@ -66,7 +66,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.group",
         "bridge_group",
-        _group,
+        parse_group,
         "bridge: MQTT 5 shared-subscription group, so that several bridges split the load",
         "NAME",
     ),
@@ -81,24 +81,28 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.session-expiry",
         "bridge_session_expiry",
-        _duration_at_least(1),
+        duration_at_least(1),
         "bridge: how long the broker keeps the session and its messages while the bridge is away",
         "DURATION",
     ),
     Option(
-        "bridge.listen-address", "bridge_listen_address", _listen, "bridge: address of its own /metrics", "[HOST]:PORT"
+        "bridge.listen-address",
+        "bridge_listen_address",
+        parse_listen,
+        "bridge: address of its own /metrics",
+        "[HOST]:PORT",
     ),
     Option(
         "bridge.max-inflight",
         "bridge_max_inflight",
-        _int_between(1, 65535),
+        int_between(1, 65535),
         "bridge: unacknowledged messages the broker may send at once (MQTT 5 Receive Maximum)",
         "N",
     ),
     Option(
         "bridge.write-linger",
         "bridge_write_linger",
-        _seconds_between(0, 60),
+        seconds_between(0, 60),
         "bridge: how long the writer waits for more messages before a remote write, so that messages "
         "arriving one at a time are written together; adds at most this much to the lag (0: no wait)",
         "DURATION",
@@ -106,7 +110,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.max-inflight-bytes",
         "bridge_max_inflight_bytes",
-        _size_between(64 * 1024, 1 << 34),
+        size_between(64 * 1024, 1 << 34),
         "bridge: payload bytes it holds unacknowledged; at this bound (or --bridge.max-inflight messages) "
         "it stops reading from the broker, which keeps the rest",
         "SIZE",
@@ -114,14 +118,14 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.max-payload",
         "bridge_max_payload",
-        _max_payload,
+        parse_max_payload,
         "bridge: larger payloads (compressed or inflated) are dropped and counted",
         "SIZE",
     ),
     Option(
         "bridge.max-packet-size",
         "bridge_max_packet_size",
-        _packet_size,
+        parse_packet_size,
         "bridge: MQTT 5 Maximum Packet Size announced to the broker, which then does not send larger "
         "messages (0: --bridge.max-payload plus 64KiB)",
         "SIZE",
@@ -129,28 +133,28 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.node-label",
         "bridge_node_label",
-        _label_name,
+        parse_label_name,
         "bridge: label that carries the node name on every series",
         "NAME",
     ),
     Option(
         "bridge.series-cache",
         "bridge_series_cache",
-        _int_between(1, 100_000_000),
+        int_between(1, 100_000_000),
         "bridge: bound of the per-device bookkeeping, in units of ~300 bytes (a device is about 6)",
         "N",
     ),
     Option(
         "bridge.max-series-per-node",
         "bridge_max_series_per_node",
-        _positive_int,
+        parse_positive_int,
         "bridge: distinct series one node may create; values of further series are dropped and counted",
         "N",
     ),
     Option(
         "bridge.max-series",
         "bridge_max_series",
-        _int_between(1, 100_000_000),
+        int_between(1, 100_000_000),
         "bridge: distinct active series all nodes together may create; values of further series are dropped "
         "and counted",
         "N",
@@ -158,7 +162,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.new-nodes-per-minute",
         "bridge_new_nodes_per_minute",
-        _int_between(1, 1_000_000),
+        int_between(1, 1_000_000),
         "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
         "a start: its session's backlog and retained status messages); batches of further new names are "
         "dropped and counted",
@@ -167,7 +171,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.max-clock-skew",
         "bridge_max_clock_skew",
-        _duration_at_least(1),
+        duration_at_least(1),
         "bridge: a node's clock may be this far off the bridge's before its batches are corrected or "
         "refused (--bridge.clock-skew-policy); samples after the bridge's clock are never written",
         "DURATION",
@@ -175,7 +179,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
     Option(
         "bridge.clock-skew-policy",
         "bridge_clock_skew_policy",
-        _choice("correct", "refuse"),
+        choice("correct", "refuse"),
         "bridge: batches of a node whose clock is off by more than --bridge.max-clock-skew: move their "
         "timestamps by the measured offset, or refuse them (counted per node)",
         "POLICY",
@@ -194,7 +198,7 @@ REMOTE_WRITE_OPTIONS: tuple[Option, ...] = (
     Option(
         "remote-write.url",
         "remote_write_url",
-        _http_url,
+        parse_http_url,
         "bridge: Prometheus remote-write endpoint, e.g. http://prometheus:9090/api/v1/write",
         "URL",
     ),
@@ -233,28 +237,28 @@ REMOTE_WRITE_OPTIONS: tuple[Option, ...] = (
     Option(
         "remote-write.tls.insecure-skip-verify",
         "remote_write_tls_insecure_skip_verify",
-        _bool,
+        parse_bool,
         "bridge: do not verify the server certificate (testing only)",
         "BOOL",
     ),
     Option(
         "remote-write.timeout",
         "remote_write_timeout",
-        _duration_at_least(0.1, 600),
+        duration_at_least(0.1, 600),
         "bridge: timeout of one remote-write request",
         "DURATION",
     ),
     Option(
         "remote-write.max-samples-per-request",
         "remote_write_max_samples",
-        _int_between(1, 1_000_000),
+        int_between(1, 1_000_000),
         "bridge: larger writes are split into several requests",
         "N",
     ),
     Option(
         "remote-write.headers",
         "remote_write_headers",
-        _headers,
+        parse_headers,
         "bridge: extra HTTP headers, comma-separated Name=value (X-Scope-OrgID=fleet for Mimir, "
         "THANOS-TENANT=fleet for Thanos Receive)",
         "LIST",
@@ -262,7 +266,7 @@ REMOTE_WRITE_OPTIONS: tuple[Option, ...] = (
     Option(
         "remote-write.max-backoff",
         "remote_write_max_backoff",
-        _duration_at_least(0.01, 3600),
+        duration_at_least(0.01, 3600),
         "bridge: longest wait between retries of a failing write (5xx, 429, network)",
         "DURATION",
     ),

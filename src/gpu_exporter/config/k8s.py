@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_exporter.config.parsers import Option, _bool, _choice, _idle_power, _interval, _path
+from gpu_exporter.config.parsers import Option, choice, parse_bool, parse_idle_power, parse_interval, parse_path
 
 __all__ = ["K8S_OPTIONS", "K8sOptions"]
 
@@ -23,7 +23,7 @@ K8S_OPTIONS: tuple[Option, ...] = (
     Option(
         "metrics.naming",
         "metrics_naming",
-        _choice("native", "dcgm"),
+        choice("native", "dcgm"),
         "metric names on /metrics: native (gpu_*) or dcgm (dcgm-exporter's DCGM_FI_* names, units "
         "and labels, for its dashboards and alerts)",
         "STYLE",
@@ -31,21 +31,21 @@ K8S_OPTIONS: tuple[Option, ...] = (
     Option(
         "k8s.pod-attribution",
         "k8s_pod_attribution",
-        _bool,
+        parse_bool,
         "map GPU processes to Kubernetes pods (gpu_pod_* metrics), in the background",
         "BOOL",
     ),
     Option(
         "k8s.kubelet-socket",
         "k8s_kubelet_socket",
-        _path,
+        parse_path,
         "kubelet pod-resources socket; when absent (KubeEdge) pods are found through /proc cgroups",
         "PATH",
     ),
     Option(
         "k8s.pod-logs-path",
         "k8s_pod_logs_path",
-        _path,
+        parse_path,
         "the kubelet's pod log directory, whose names give namespace, pod and container "
         "(its sibling containers/ maps container IDs to names)",
         "PATH",
@@ -53,7 +53,7 @@ K8S_OPTIONS: tuple[Option, ...] = (
     Option(
         "k8s.idle-power",
         "k8s_idle_power",
-        _idle_power,
+        parse_idle_power,
         "GPU idle power in watts, subtracted before energy is split among pods "
         "(default: the lowest power seen on each GPU)",
         "WATTS",
@@ -61,7 +61,7 @@ K8S_OPTIONS: tuple[Option, ...] = (
     Option(
         "k8s.refresh-interval",
         "k8s_refresh_interval",
-        _interval,
+        parse_interval,
         "how often the pod log directories are re-indexed (a new pod is looked up at once)",
         "DURATION",
     ),

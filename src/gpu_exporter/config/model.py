@@ -17,7 +17,7 @@ from gpu_exporter.config.agent import AGENT_OPTIONS, AgentOptions
 from gpu_exporter.config.bridge import BRIDGE_OPTIONS, REMOTE_WRITE_OPTIONS, BridgeOptions, RemoteWriteOptions
 from gpu_exporter.config.forwarding import FORWARD_OPTIONS, ForwardOptions
 from gpu_exporter.config.k8s import K8S_OPTIONS, K8sOptions
-from gpu_exporter.config.parsers import Option, _bool
+from gpu_exporter.config.parsers import Option, parse_bool
 
 __all__ = ["ALL_OPTIONS", "OPTIONS", "SWITCHES", "Config", "option_names", "replace"]
 
@@ -31,7 +31,7 @@ class Config(K8sOptions, RemoteWriteOptions, BridgeOptions, ForwardOptions, Agen
 OPTIONS: tuple[Option, ...] = AGENT_OPTIONS + FORWARD_OPTIONS + BRIDGE_OPTIONS + REMOTE_WRITE_OPTIONS + K8S_OPTIONS
 
 SWITCHES = tuple(
-    Option(f"collector.{group}", f"collector.{group}", _bool, f"collect the {group} metrics", is_switch=True)
+    Option(f"collector.{group}", f"collector.{group}", parse_bool, f"collect the {group} metrics", is_switch=True)
     for group in catalog.GROUPS
 )
 

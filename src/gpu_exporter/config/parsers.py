@@ -14,14 +14,40 @@ from urllib.parse import urlsplit
 
 from gpu_exporter.units import format_duration, parse_duration, parse_size
 
-__all__ = ["ConfigError", "Option"]
+__all__ = [
+    "ConfigError",
+    "Option",
+    "choice",
+    "duration_at_least",
+    "int_between",
+    "parse_bool",
+    "parse_digits",
+    "parse_group",
+    "parse_headers",
+    "parse_http_url",
+    "parse_idle_power",
+    "parse_interval",
+    "parse_label_name",
+    "parse_listen",
+    "parse_max_payload",
+    "parse_mqtt_url",
+    "parse_nonneg_int",
+    "parse_packet_size",
+    "parse_path",
+    "parse_positive_int",
+    "parse_rate",
+    "parse_regex",
+    "parse_topic_prefix",
+    "seconds_between",
+    "size_between",
+]
 
 
 class ConfigError(ValueError):
     """A configuration problem the user can fix; the message is one line."""
 
 
-def _bool(text: str | bool) -> bool:
+def parse_bool(text: str | bool) -> bool:
     if isinstance(text, bool):
         return text
     value = str(text).strip().lower()
@@ -35,7 +61,7 @@ def _bool(text: str | bool) -> bool:
 _MAX_INT = 1_000_000_000  # a ceiling for counts without a tighter bound of their own
 
 
-def _int_between(low: int, high: int) -> Callable[[str], int]:
+def int_between(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         try:
             value = int(str(text).strip(), 10)
@@ -50,11 +76,11 @@ def _int_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-_positive_int = _int_between(1, _MAX_INT)
-_nonneg_int = _int_between(0, _MAX_INT)
+parse_positive_int = int_between(1, _MAX_INT)
+parse_nonneg_int = int_between(0, _MAX_INT)
 
 
-def _interval(text: str) -> float:
+def parse_interval(text: str) -> float:
     seconds = parse_duration(text)
     if seconds < 0.1:
         raise ValueError(f"{text!r} is below the 100ms minimum")
@@ -63,7 +89,7 @@ def _interval(text: str) -> float:
     return seconds
 
 
-def _regex(text: str) -> str:
+def parse_regex(text: str) -> str:
     try:
         re.compile(str(text))
     except re.error as exc:
@@ -71,7 +97,7 @@ def _regex(text: str) -> str:
     return str(text)
 
 
-def _choice(*choices: str) -> Callable[[str], str]:
+def choice(*choices: str) -> Callable[[str], str]:
     def parse(text: str) -> str:
         value = str(text).strip().lower()
         if value not in choices:
@@ -82,7 +108,7 @@ def _choice(*choices: str) -> Callable[[str], str]:
 
 
 # --- bridge parsers ---
-def _http_url(text: str) -> str:
+def parse_http_url(text: str) -> str:
     from urllib.parse import urlsplit
 
     value = str(text).strip()
@@ -98,7 +124,7 @@ def _http_url(text: str) -> str:
     return value
 
 
-def _headers(text: str) -> str:
+def parse_headers(text: str) -> str:
     value = str(text).strip()
     for item in filter(None, (part.strip() for part in value.split(","))):
         name, sep, _ = item.partition("=")
@@ -115,21 +141,21 @@ def _headers(text: str) -> str:
     return value
 
 
-def _label_name(text: str) -> str:
+def parse_label_name(text: str) -> str:
     value = str(text)
     if not re.match(r"^[a-zA-Z_][a-zA-Z0-9_]*$", value) or value.startswith("__"):
         raise ValueError(f"invalid label name {text!r}")
     return value
 
 
-def _group(text: str) -> str:
+def parse_group(text: str) -> str:
     value = str(text)
     if any(c in value for c in "/+#\0"):
         raise ValueError(f"invalid shared-subscription group {text!r} (no /, + or #)")
     return value
 
 
-def _duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str], float]:
+def duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str], float]:
     def parse(text: str) -> float:
         seconds = parse_duration(text)
         if seconds < low:
@@ -141,7 +167,7 @@ def _duration_at_least(low: float, high: float = 365 * 86400.0) -> Callable[[str
     return parse
 
 
-def _packet_size(text: str) -> int:
+def parse_packet_size(text: str) -> int:
     from gpu_exporter.units import parse_size as size_of
 
     size = size_of(text)
@@ -150,7 +176,7 @@ def _packet_size(text: str) -> int:
     return size
 
 
-def _max_payload(text: str) -> int:
+def parse_max_payload(text: str) -> int:
     from gpu_exporter.units import parse_size as size_of
 
     size = size_of(text)
@@ -161,7 +187,7 @@ def _max_payload(text: str) -> int:
     return size
 
 
-def _listen(text: str) -> str:
+def parse_listen(text: str) -> str:
     value = str(text)
     _host, sep, port = value.rpartition(":")
     if not sep or not port.isdigit() or not 0 <= int(port) <= 65535:
@@ -169,7 +195,7 @@ def _listen(text: str) -> str:
     return value
 
 
-def _idle_power(text: str) -> float | None:
+def parse_idle_power(text: str) -> float | None:
     value = str(text).strip().lower().removesuffix("w")
     if value in ("", "auto"):
         return None
@@ -182,7 +208,7 @@ def _idle_power(text: str) -> float | None:
     return watts
 
 
-def _path(text: str) -> str:
+def parse_path(text: str) -> str:
     value = str(text)
     if not value.startswith("/"):
         raise ValueError(f"invalid path {text!r} (must start with /)")
@@ -190,7 +216,7 @@ def _path(text: str) -> str:
 
 
 # --- forwarding parsers ---
-def _mqtt_url(text: str) -> str:
+def parse_mqtt_url(text: str) -> str:
     value = str(text).strip()
     if not value:
         return ""
@@ -214,14 +240,14 @@ def _mqtt_url(text: str) -> str:
     return value
 
 
-def _topic_prefix(text: str) -> str:
+def parse_topic_prefix(text: str) -> str:
     value = str(text)
     if not value or value.startswith("/") or value.endswith("/") or any(c in value for c in "+#\0"):
         raise ValueError(f"invalid topic prefix {text!r} (no wildcards, no leading or trailing /)")
     return value
 
 
-def _seconds_between(low: float, high: float) -> Callable[[str], float]:
+def seconds_between(low: float, high: float) -> Callable[[str], float]:
     def parse(text: str) -> float:
         seconds = parse_duration(text)
         if not low <= seconds <= high:
@@ -231,7 +257,7 @@ def _seconds_between(low: float, high: float) -> Callable[[str], float]:
     return parse
 
 
-def _size_between(low: int, high: int) -> Callable[[str], int]:
+def size_between(low: int, high: int) -> Callable[[str], int]:
     def parse(text: str) -> int:
         size = parse_size(text)
         if not low <= size <= high:
@@ -241,7 +267,7 @@ def _size_between(low: int, high: int) -> Callable[[str], int]:
     return parse
 
 
-def _digits(text: str) -> int:
+def parse_digits(text: str) -> int:
     try:
         value = int(str(text), 10)
     except ValueError:
@@ -251,7 +277,7 @@ def _digits(text: str) -> int:
     return value
 
 
-def _rate(text: str) -> float:
+def parse_rate(text: str) -> float:
     try:
         value = float(str(text))
     except ValueError:

@@ -16,7 +16,7 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
   every ``every``-th window only, devices in turn, while gauges and the counters an alert waits for go
   in every window. ``every`` is the least that brings the lag near what dropping counters altogether
   would, from what summaries measured of the link end to end.
-- ``send``: the fresh summary first, cut to what the link carries at once (forward/split.py), then the
+- ``send``: the fresh summary first, cut to what the link carries at once (payload/split.py), then the
   summaries of a backlog.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
   carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, and
@@ -60,7 +60,7 @@ _PART = 300  # bytes each further part of a summary cut to fit the link costs (i
 
 def _join(a: Sample, b: Sample) -> Sample:
     """One summary point of two that hold different devices (or series) of the same sample: the parts of
-    a sample cut to fit the link (forward/split.py), summarised each on its own."""
+    a sample cut to fit the link (payload/split.py), summarised each on its own."""
     devices = {d.device: d for d in a.devices}
     for dev in b.devices:
         mine = devices.get(dev.device)

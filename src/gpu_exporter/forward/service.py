@@ -339,7 +339,7 @@ class Forwarder(Sender):
 
         Samples are cut apart where a batch passes --mqtt.batch-max-bytes (a soft cap: a single sample over
         it goes as it is); a sample over ``hard`` (by default the broker's Maximum Packet Size) is cut by
-        device and series (forward/split.py). Only a single series over it cannot go: it is dropped,
+        device and series (payload/split.py). Only a single series over it cannot go: it is dropped,
         counted as ``too_large``.
         """
         hard = hard or self._hard_limit()

@@ -57,13 +57,13 @@ import diskcache
 from gpu_exporter.forward.spool_clock import STATE_KEY, SpoolClock, boottime
 from gpu_exporter.forward.spool_disk import Refused, SafeDisk
 from gpu_exporter.forward.spool_faults import (
-    _DISK_ERRORS,
-    _LOG_EVERY,
-    _MEMORY_CAP,
-    _SETTINGS,
+    DISK_ERRORS,
+    LOG_EVERY,
+    MEMORY_CAP,
+    SETTINGS,
     DiskFaults,
-    _Held,
-    _is_corrupt,
+    Held,
+    is_corrupt,
 )
 from gpu_exporter.forward.spool_index import Entry, Index, entry_of
 
@@ -100,7 +100,7 @@ class Spool(DiskFaults):
         self.wal_lost_bytes = 0
         self._cache: diskcache.Cache | None = None
         self._index = Index()  # oldest first
-        self._memory: dict[str, _Held] = {}  # entries the disk refused, oldest first
+        self._memory: dict[str, Held] = {}  # entries the disk refused, oldest first
         self._memory_bytes = 0
         self._unreleased: dict[str, None] = {}  # keys gone from the index whose delete the disk refused
         self._bytes = 0
@@ -108,12 +108,12 @@ class Spool(DiskFaults):
         self.write_errors = 0
         self.disk_error = ""  # the last disk error, for logs and tests
         self._refusing = False  # the last write failed
-        self._logged_at = -_LOG_EVERY
+        self._logged_at = -LOG_EVERY
         self._reserve_drops = 0  # batches dropped to keep the reserve free (see _keep_reserve)
         # Keys of batches in flight (the forwarder keeps this): the caps, the age limit and the reserve pass
         # over them, so that a batch the broker is about to acknowledge is never also counted as dropped.
         self.pinned: set[str] = set()
-        self._reserve_logged_at = -_LOG_EVERY
+        self._reserve_logged_at = -LOG_EVERY
 
     # ------------------------------------------------------------------------------------- lifecycle
 
@@ -139,7 +139,7 @@ class Spool(DiskFaults):
                     self._index.append(entry)
                     self._bytes += entry.size
                     self._counter = entry.counter
-        except _DISK_ERRORS as exc:
+        except DISK_ERRORS as exc:
             self._index, self._bytes, self._counter = Index(), 0, _MEMORY_BASE
             self._disk_failed("open", exc)
             if self._cache is not None:  # only the cache: batches held in memory stay (see retry_open)
@@ -192,7 +192,7 @@ class Spool(DiskFaults):
             return
         try:
             self._cache.set(STATE_KEY, self._age.state())
-        except _DISK_ERRORS as exc:  # only ages after a restart depend on it: said at debug level
+        except DISK_ERRORS as exc:  # only ages after a restart depend on it: said at debug level
             log.debug("spool: cannot save its clock state: %s", exc)
 
     @property
@@ -229,9 +229,9 @@ class Spool(DiskFaults):
     def _open_cache(self) -> diskcache.Cache:
         self._check_wal()
         try:
-            return diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
+            return diskcache.Cache(self.directory, disk=SafeDisk, **SETTINGS)
         except sqlite3.DatabaseError as exc:
-            if not _is_corrupt(exc):
+            if not is_corrupt(exc):
                 raise  # a full or failing disk: the database stays where it is, for the next start
             # An unreadable database: keep it for inspection and start afresh rather than stop forwarding.
             aside = os.path.join(self.directory, "corrupt", f"db-{int(time.time())}")
@@ -246,7 +246,7 @@ class Spool(DiskFaults):
                 aside,
             )
             self._on_drop("corrupt", 0, 0)
-            return diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
+            return diskcache.Cache(self.directory, disk=SafeDisk, **SETTINGS)
 
     def close(self) -> None:
         """Write what memory still holds to disk if it can now; what the disk still refuses is lost (counted).
@@ -314,7 +314,7 @@ class Spool(DiskFaults):
                 self._cache.set(key, data)
                 for old in journal:
                     self._cache.delete(old)  # inline values: no file is removed before the commit
-        except _DISK_ERRORS as exc:
+        except DISK_ERRORS as exc:
             for name in disk.named:
                 disk.remove(name)  # the value file of the row that was not written (errors suppressed)
             return exc
@@ -323,7 +323,7 @@ class Spool(DiskFaults):
         return None
 
     def _hold(self, key: str, data: bytes, journal: Sequence[str]) -> None:
-        self._memory[key] = _Held(data, tuple(journal))
+        self._memory[key] = Held(data, tuple(journal))
         self._memory_bytes += len(data)
 
     def _release(self, key: str) -> None:
@@ -426,7 +426,7 @@ class Spool(DiskFaults):
                 continue
             self._drop(entry, "max_bytes")
         for key in list(self._memory):
-            if self._memory_bytes <= _MEMORY_CAP:
+            if self._memory_bytes <= MEMORY_CAP:
                 break
             if key not in self.pinned:
                 self._drop(entry_of(key), "disk_full")
@@ -448,7 +448,7 @@ class Spool(DiskFaults):
             return None
         try:
             self._cache.set(key, data)
-        except _DISK_ERRORS as exc:
+        except DISK_ERRORS as exc:
             self._disk_failed("journal", exc)
             return None
         self._disk_ok()

@@ -1,6 +1,6 @@
 """What the spool does when its disk refuses, fills up or turns out damaged (mixed into ``spool.Spool``).
 
-A refused write keeps the batch in memory (up to ``_MEMORY_CAP``) and is counted; ``_catch_up`` writes
+A refused write keeps the batch in memory (up to ``MEMORY_CAP``) and is counted; ``_catch_up`` writes
 it once the disk takes writes again and repeats the deletes the disk refused. ``_keep_reserve`` drops
 the oldest batches so that the spool never takes the last free space of its filesystem. A corrupt
 database, a damaged write-ahead log and rows in another form than raw bytes are moved aside under
@@ -24,15 +24,15 @@ import diskcache
 from gpu_exporter.forward.spool_disk import ForeignKey, Refused, SafeDisk, check_wal
 from gpu_exporter.forward.spool_index import Entry, Index
 
-__all__ = ["DiskFaults"]
+__all__ = ["DISK_ERRORS", "LOG_EVERY", "MEMORY_CAP", "SETTINGS", "DiskFaults", "Held", "is_corrupt"]
 
 log = logging.getLogger("gpu_exporter.forward.spool")
 
-_MEMORY_CAP = 8 * 1024 * 1024  # bytes kept in memory while the disk refuses writes
+MEMORY_CAP = 8 * 1024 * 1024  # bytes kept in memory while the disk refuses writes
 _CORRUPT_KEEP = 20  # quarantined files kept for inspection
 _CATCH_UP_BYTES = 1024 * 1024  # memory-held batches written to disk per catch-up (close writes them all)
-_LOG_EVERY = 60.0  # seconds between two log lines about a disk that keeps refusing writes
-_DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
+LOG_EVERY = 60.0  # seconds between two log lines about a disk that keeps refusing writes
+DISK_ERRORS = (OSError, sqlite3.Error, diskcache.Timeout)
 # Free space the spool leaves on its filesystem: 1 % of it, within [1 MiB, 32 MiB]. SQLite needs room to
 # delete rows and to checkpoint: the WAL grows by up to _WAL_PAGES pages (512 KiB) plus one transaction,
 # then a checkpoint copies it into the database file, which may grow by as much. 1 MiB covers that, 32 MiB
@@ -41,7 +41,7 @@ _RESERVE_SHARE = 100
 _RESERVE_MIN = 1024 * 1024
 _RESERVE_MAX = 32 * 1024 * 1024
 _WAL_PAGES = 128
-_SETTINGS: dict[str, Any] = {
+SETTINGS: dict[str, Any] = {
     "eviction_policy": "none",  # the caps are enforced here, counted, oldest first
     "size_limit": 2**62,
     "cull_limit": 0,
@@ -59,14 +59,14 @@ _Disk = SafeDisk  # the name tests and tools opened the spool's cache with
 
 
 @dataclass(frozen=True, slots=True)
-class _Held:
+class Held:
     """A batch the disk refused, and the journal keys its samples still have on disk."""
 
     data: bytes
     journal: tuple[str, ...]
 
 
-def _is_corrupt(exc: sqlite3.DatabaseError) -> bool:
+def is_corrupt(exc: sqlite3.DatabaseError) -> bool:
     """A damaged or foreign database file, as opposed to a full, read-only, locked or failing disk."""
     code = getattr(exc, "sqlite_errorcode", None)
     if code is None:
@@ -87,7 +87,7 @@ class DiskFaults:
     _cache: diskcache.Cache | None
     _index: Index
     _bytes: int
-    _memory: dict[str, _Held]
+    _memory: dict[str, Held]
     _memory_bytes: int
     _unreleased: dict[str, None]
     _refusing: bool
@@ -112,7 +112,7 @@ class DiskFaults:
         for key in list(self._unreleased):
             try:
                 self._cache.delete(key)  # its own transaction: a value file goes only after the commit
-            except _DISK_ERRORS:
+            except DISK_ERRORS:
                 return
             del self._unreleased[key]
         written = 0
@@ -155,7 +155,7 @@ class DiskFaults:
                 continue
             try:
                 self._cache.delete(entry.key)
-            except _DISK_ERRORS:
+            except DISK_ERRORS:
                 break
             self._index.remove(entry)
             self._bytes -= entry.size
@@ -166,11 +166,11 @@ class DiskFaults:
             return
         # Give the pages back now, before the next check reads them, on this thread's diskcache connection
         # (diskcache's own attribute: should a release lack it, the space comes back at the next checkpoint).
-        with contextlib.suppress(*_DISK_ERRORS, AttributeError):
+        with contextlib.suppress(*DISK_ERRORS, AttributeError):
             self._cache._sql("PRAGMA wal_checkpoint(PASSIVE)").fetchall()
         self._reserve_drops += batches
         now = time.monotonic()
-        if now - self._reserve_logged_at >= _LOG_EVERY:
+        if now - self._reserve_logged_at >= LOG_EVERY:
             self._reserve_logged_at = now
             log.warning(
                 "spool: the filesystem of %s is nearly full (%d KiB free, %d KiB kept free for the spool's "
@@ -189,7 +189,7 @@ class DiskFaults:
             return None
         try:
             value = self._cache.get(key)
-        except (*_DISK_ERRORS, ValueError, TypeError) as exc:
+        except (*DISK_ERRORS, ValueError, TypeError) as exc:
             log.warning("spool: cannot read %s: %s", key, exc)
             return None
         return value if isinstance(value, (bytes, Refused)) else None
@@ -228,7 +228,7 @@ class DiskFaults:
             return
         try:
             self._cache.delete(key)
-        except _DISK_ERRORS as exc:
+        except DISK_ERRORS as exc:
             self._unreleased[key] = None  # retried once the disk takes writes again
             self._disk_failed("delete", exc)
 
@@ -269,8 +269,8 @@ class DiskFaults:
             for name in os.listdir(self.directory):
                 if name.startswith("cache.db"):
                     os.replace(os.path.join(self.directory, name), os.path.join(aside, name))
-            self._cache = diskcache.Cache(self.directory, disk=SafeDisk, **_SETTINGS)
-        except _DISK_ERRORS as again:
+            self._cache = diskcache.Cache(self.directory, disk=SafeDisk, **SETTINGS)
+        except DISK_ERRORS as again:
             log.error("spool: cannot replace the corrupt database in %s: %s", self.directory, again)
             self._cache = None
         lost = [e for e in self.entries() if e.key not in self._memory and e.key not in self.pinned]
@@ -292,20 +292,20 @@ class DiskFaults:
 
         A corrupt database is no refusing disk: it is moved aside (``_corrupt_now``), not counted here.
         """
-        if isinstance(exc, sqlite3.DatabaseError) and _is_corrupt(exc) and self._cache is not None:
+        if isinstance(exc, sqlite3.DatabaseError) and is_corrupt(exc) and self._cache is not None:
             self._corrupt_now(exc)
             return
         self.write_errors += 1
         self.disk_error = f"{op}: {exc}"
         now = time.monotonic()
-        if not self._refusing or now - self._logged_at >= _LOG_EVERY:
+        if not self._refusing or now - self._logged_at >= LOG_EVERY:
             self._logged_at = now
             log.error(
                 "spool %s in %s failed: %s (batches are kept in memory, up to %d MiB; %d refused writes so far)",
                 op,
                 self.directory,
                 exc,
-                _MEMORY_CAP // (1024 * 1024),
+                MEMORY_CAP // (1024 * 1024),
                 self.write_errors,
             )
         self._refusing = True

@@ -5,16 +5,13 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpu_exporter import catalog
+from gpu_exporter.catalog.metric import POD_LABELS
 
 __all__ = ["FAMILIES", "KEYS", "PodSeries", "render"]
 
-# family name -> (type, help), from the catalog so that /metrics and the forwarded series agree
-KEYS: dict[str, str] = {
-    "gpu_pod_info": "pod_info",
-    "gpu_pod_memory_used_bytes": "pod_memory",
-    "gpu_pod_utilization_ratio": "pod_utilization",
-    "gpu_pod_energy_joules_total": "pod_energy",
-}
+# family name -> catalog key of the per-pod series (the entries labelled by pod), and -> (type, help):
+# from the catalog, so that /metrics and the forwarded series agree
+KEYS: dict[str, str] = {m.name: m.key for m in catalog.CATALOG if m.labels == POD_LABELS}
 FAMILIES: dict[str, tuple[str, str]] = {
     name: (catalog.by_key(key).type, catalog.by_key(key).help) for name, key in KEYS.items()
 }

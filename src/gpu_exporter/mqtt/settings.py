@@ -10,12 +10,22 @@ from urllib.parse import urlsplit
 
 from gpu_exporter.config import Config, tls_context
 
-__all__ = ["LINK_FIELDS", "OWN_MAX_PACKET", "LinkSettings", "broker_address", "read_password", "read_password_bytes"]
+__all__ = [
+    "LINK_FIELDS",
+    "LINK_LIVE",
+    "LINK_TUNING",
+    "OWN_MAX_PACKET",
+    "LinkSettings",
+    "broker_address",
+    "read_password",
+    "read_password_bytes",
+]
 
 OWN_MAX_PACKET = 64 * 1024  # what the agent accepts: CONNACK, PUBACK, DISCONNECT are small
 _PASSWORD_MAX = 65535  # bytes: MQTT's limit for the password field
-# The options a connection is made from: a reload that changes one of them reconnects the forwarder with
-# fresh settings (the others it applies to the open connection).
+# The reload rules of the link, in one place (reload.LIVE takes them from here, forward/service.py applies
+# them). The options a connection is made from: a reload that changes one of them reconnects the
+# forwarder with fresh settings.
 LINK_FIELDS = (
     "mqtt_url",
     "mqtt_username",
@@ -26,6 +36,10 @@ LINK_FIELDS = (
     "mqtt_keepalive",
     "mqtt_reconnect_max_delay",
 )
+# The options the forwarder applies to the open connection on a reload.
+LINK_TUNING = ("mqtt_max_rate",)
+# Every link option a reload changes while running.
+LINK_LIVE = (*LINK_FIELDS, *LINK_TUNING)
 
 
 def broker_address(url: str) -> tuple[str, int, bool]:

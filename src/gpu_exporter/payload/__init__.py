@@ -22,38 +22,10 @@ The public API, which the forwarder, the bridge, ``tail`` and the tools import f
 a size limit; ``columns.py`` is the bridge's columnar reader, which decodes with the same validators.
 """
 
+from gpu_exporter.payload import types
 from gpu_exporter.payload.decode import decode, peek, verify
 from gpu_exporter.payload.document import from_document, schema
 from gpu_exporter.payload.encode import encode, to_document
-from gpu_exporter.payload.types import (
-    DEFAULT_MAX_BYTES,
-    FORMAT,
-    MAX_SCALE,
-    MAX_TEXT,
-    VERSION,
-    VERSIONS,
-    Batch,
-    Header,
-    PayloadError,
-    Point,
-)
+from gpu_exporter.payload.types import *  # noqa: F403 - the batch types and the format's constants
 
-__all__ = [
-    "DEFAULT_MAX_BYTES",
-    "FORMAT",
-    "MAX_SCALE",
-    "MAX_TEXT",
-    "VERSION",
-    "VERSIONS",
-    "Batch",
-    "Header",
-    "PayloadError",
-    "Point",
-    "decode",
-    "encode",
-    "from_document",
-    "peek",
-    "schema",
-    "to_document",
-    "verify",
-]
+__all__ = [*types.__all__, "decode", "encode", "from_document", "peek", "schema", "to_document", "verify"]

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
 import math
 import operator
 from collections.abc import Iterable, Sequence
@@ -25,23 +24,14 @@ from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, SeriesKey
-from gpu_exporter.payload import document, frame
-from gpu_exporter.payload.document import _DEVICE_KEYS, _column, _device_id, _header, _info, _keys
-from gpu_exporter.payload.frame import _gunzip, _is_zlib, _reject_constant
-from gpu_exporter.payload.types import _GZIP_MAGIC, _HAS_STEP, _SAFE_INT, DEFAULT_MAX_BYTES, MAX_SCALE, PayloadError
+from gpu_exporter.payload import document
+from gpu_exporter.payload.document import read_column, read_device, read_header
+from gpu_exporter.payload.frame import INFLATE_FLOOR, INFLATE_RATIO, inflate_limit, parse_text, unframe
+from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, PayloadError
 
 __all__ = ["INFLATE_FLOOR", "INFLATE_RATIO", "ColumnBatch", "ColumnDevice", "inflate_limit", "read"]
 
-_SAFE = _SAFE_INT
-# the catalog's counters: the reader tells whether their columns go up within the batch
-_COUNTER_KEYS = frozenset(m.key for m in catalog.CATALOG if m.type == "counter")
-# A compressed payload may inflate to INFLATE_FLOOR, or to INFLATE_RATIO times its own size, whichever is
-# more (and never beyond max_bytes); the inflater stops there, before the rest is materialised. Batches
-# inflate 3 to 8 times (simulated 8-GPU nodes); a batch of a whole day of idle readings, every value
-# still, about 100 times, under the floor. A zlib bomb inflates about 1000 times.
-INFLATE_FLOOR = 1024 * 1024
-INFLATE_RATIO = 128
-
+_SAFE = SAFE_INT
 try:  # optional: a faster JSON parser
     import orjson as _orjson
 except ImportError:  # pragma: no cover - depends on the environment
@@ -84,20 +74,6 @@ def read(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> ColumnBatch:
         raise PayloadError(f"invalid payload: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}") from None
 
 
-def _inflate(data: bytes, max_bytes: int) -> bytes:
-    """The codec's bounded inflater (it stops one byte past the limit), with the ratio bound."""
-    limit = inflate_limit(len(data), max_bytes)
-    try:
-        return _gunzip(data, limit) if data[:2] == _GZIP_MAGIC else frame._inflate(data, limit)
-    except PayloadError as exc:
-        if limit < max_bytes and "inflates beyond" in str(exc):
-            raise PayloadError(
-                f"payload inflates beyond {INFLATE_RATIO} times its {len(data)} bytes (limit {limit} bytes): "
-                "a compression bomb?"
-            ) from None
-        raise
-
-
 def _parse(text: bytes) -> Any:
     """JSON with orjson when it is installed (it parses a batch in about two thirds of the time), else
     with the standard library exactly as the codec does. Both refuse NaN and Infinity literals, invalid
@@ -110,70 +86,25 @@ def _parse(text: bytes) -> Any:
             return _orjson.loads(text)
         except _orjson.JSONDecodeError as exc:
             raise PayloadError(f"payload is not JSON: {' '.join(str(exc).split())[:200]}") from None
-    return json.loads(text.decode("utf-8"), parse_constant=_reject_constant)
-
-
-def inflate_limit(compressed: int, max_bytes: int) -> int:
-    """How far a compressed payload of ``compressed`` bytes may inflate."""
-    return min(max_bytes, max(INFLATE_FLOOR, INFLATE_RATIO * compressed))
+    return parse_text(text)
 
 
 def _read(data: bytes, max_bytes: int) -> ColumnBatch:
-    if not isinstance(data, bytes | bytearray | memoryview):
-        raise PayloadError(f"payload must be bytes, not {type(data).__name__}")
-    data = bytes(data)
-    if len(data) > max_bytes:
-        raise PayloadError(f"payload of {len(data)} bytes exceeds the {max_bytes}-byte limit")
-    if data[:2] == _GZIP_MAGIC or _is_zlib(data):
-        text = _inflate(data, max_bytes)
-    elif data.lstrip(b" \t\r\n")[:1] == b"{":
-        text = data
-    elif not data:
-        raise PayloadError("empty payload")
-    else:
-        raise PayloadError(f"not a batch payload: starts with {data[:8]!r}")
-    try:
-        doc = _parse(text)
-    except UnicodeDecodeError as exc:
-        raise PayloadError(f"payload is not UTF-8: {exc.reason} at byte {exc.start}") from None
-    except json.JSONDecodeError as exc:
-        raise PayloadError(f"payload is not JSON: {exc.msg} at line {exc.lineno}") from None
-    except RecursionError:
-        raise PayloadError("payload JSON is nested too deeply") from None
-    return dataclasses.replace(from_document(doc), text_bytes=len(text))
+    text = unframe(data, max_bytes, ratio_bound=True)
+    return dataclasses.replace(from_document(_parse(text)), text_bytes=len(text))
 
 
 def from_document(doc: Any) -> ColumnBatch:
     """The checks of ``document.from_document``, in the same order, keeping the columns."""
-    header = _header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
+    header = read_header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
     metrics, counters = _metrics(doc["metrics"], bool(header.summary_ms))
-    raw_devices = doc["devices"]
-    if not isinstance(raw_devices, list):
-        raise PayloadError("devices must be an array")
     devices: list[ColumnDevice] = []
     seen: set[DeviceId] = set()
-    for d, raw in enumerate(raw_devices):
+    for d, raw in enumerate(doc["devices"]):
         where = f"devices[{d}]"
-        if not isinstance(raw, dict):
-            raise PayloadError(f"{where} must be an object")
-        _keys(where, raw, _DEVICE_KEYS, {"id", "up", "columns"})
-        device = _device_id(where, raw["id"])
-        if device in seen:
-            raise PayloadError(f"{where}: device {device.uuid} is listed twice")
-        seen.add(device)
-        info = _info(where, raw.get("info", {}))
-        up = raw["up"]
-        if not isinstance(up, list) or len(up) != n:
-            raise PayloadError(f"{where}.up must be an array of {n} entries")
-        if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):
-            for v in up:
-                if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
-                    raise PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
-        cols = raw["columns"]
-        if not isinstance(cols, list) or len(cols) != len(metrics):
-            raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries")
+        device, info, up, cols = read_device(where, raw, n, len(metrics), seen)
         decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters)
         if None in up:
             for i, flag in enumerate(up):
@@ -185,8 +116,6 @@ def from_document(doc: Any) -> ColumnBatch:
     return batch
 
 
-_UP_TYPES = {int, type(None)}
-_UP_VALUES = {0, 1, None}
 # The metrics lists checked last (a fleet sends a few layouts, each in every message): a list equal to one
 # of them (a comparison in C) is not checked again, and yields the same tuple, which the converter then
 # finds its plan by without hashing it.
@@ -201,8 +130,8 @@ def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[
             if i:
                 _LAYOUTS.insert(0, _LAYOUTS.pop(i))
             return metrics, counters
-    metrics = tuple(document._metrics(raw, summary))
-    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in _COUNTER_KEYS)
+    metrics = tuple(document.read_metrics(raw, summary))
+    counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in catalog.COUNTER_KEYS)  # does each go up?
     _LAYOUTS.insert(0, (summary, raw, metrics, counters))
     del _LAYOUTS[_MAX_LAYOUTS:]
     return metrics, counters
@@ -233,15 +162,15 @@ def _columns(
 ) -> tuple[list[list[float | None] | None], bool, bool, bool]:
     """Every column of one device, whether one may hold NaN or ±Inf, whether every column at a
     position of ``counters`` is known not to go down, and whether a column holds a null (only the
-    codec's own ``_column`` can make one). Plain integer-delta columns and finite constants
+    codec's own ``read_column`` can make one). Plain integer-delta columns and finite constants
     (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
-    values, a reference, a non-finite constant) goes through the codec's own ``_column``, in order,
+    values, a reference, a non-finite constant) goes through the codec's own ``read_column``, in order,
     after them."""
     fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
     out: list[list[float | None] | None] = [None] * len(cols)
     done = set()
     plain: set[int] = set()  # plain-value columns decoded here
-    has_step = _HAS_STEP
+    has_step = HAS_STEP
     v3 = version >= 3
     plain_len, stepped_len = n + 1, n + 2
     for j, col in enumerate(cols):
@@ -336,7 +265,7 @@ def _columns(
         present = itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None)))
         left = sorted(set(present) - done)
     for j in left:
-        values = out[j] = _column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
+        values = out[j] = read_column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
         nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
         gaps = gaps or None in values
         rising = rising and j not in counters

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import zlib
 
-from gpu_exporter.payload.document import _header, from_document
-from gpu_exporter.payload.frame import _is_zlib, _one_line, _parse, _zlib_inflater
+from gpu_exporter.payload.document import from_document, read_header
+from gpu_exporter.payload.frame import is_zlib, one_line, parse, zlib_inflater
 from gpu_exporter.payload.types import (
-    _GZIP_MAGIC,
     DEFAULT_MAX_BYTES,
     FORMAT,
+    GZIP_MAGIC,
     VERSION,
     VERSIONS,
     Batch,
@@ -29,11 +29,11 @@ def decode(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BY
     except PayloadError:
         raise
     except Exception as exc:  # defensive: a malformed payload must never escape as anything else
-        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {one_line(str(exc))}") from None
 
 
 def _decode(data: bytes | bytearray | memoryview, max_bytes: int) -> Batch:
-    return from_document(_parse(data, max_bytes))
+    return from_document(parse(data, max_bytes))
 
 
 _PREAMBLES = {v: f'{{"format":"{FORMAT}","version":{v},'.encode() for v in VERSIONS}
@@ -46,10 +46,10 @@ def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BY
     instead. Raises PayloadError, and only that."""
     try:
         raw = bytes(data)
-        if raw[:2] == _GZIP_MAGIC:
+        if raw[:2] == GZIP_MAGIC:
             inflater = zlib.decompressobj(wbits=16 + zlib.MAX_WBITS)
-        elif _is_zlib(raw):
-            inflater = _zlib_inflater(raw)
+        elif is_zlib(raw):
+            inflater = zlib_inflater(raw)
         else:
             peek(raw, max_bytes)
             return
@@ -64,7 +64,7 @@ def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BY
             if total > max_bytes:
                 raise PayloadError(f"payload inflates beyond the {max_bytes}-byte limit")
             if not chunk and not inflater.unconsumed_tail:
-                raise PayloadError(f"truncated {'gzip' if raw[:2] == _GZIP_MAGIC else 'zlib'} payload")
+                raise PayloadError(f"truncated {'gzip' if raw[:2] == GZIP_MAGIC else 'zlib'} payload")
         if inflater.unused_data:
             raise PayloadError("trailing bytes after the compressed payload")
     except PayloadError:
@@ -72,7 +72,7 @@ def verify(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BY
     except zlib.error as exc:
         raise PayloadError(f"corrupt compressed payload: {exc}") from None
     except Exception as exc:  # defensive, as in decode
-        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {one_line(str(exc))}") from None
 
 
 def peek(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTES) -> Header:
@@ -80,9 +80,9 @@ def peek(data: bytes | bytearray | memoryview, max_bytes: int = DEFAULT_MAX_BYTE
     cost): what the forwarder runs on a spooled batch before publishing it, and what a receiver can use
     to drop a repeat by (node, boot, seq) before decoding. Raises PayloadError, and only that."""
     try:
-        doc = _parse(data, max_bytes)
-        return _header(doc)
+        doc = parse(data, max_bytes)
+        return read_header(doc)
     except PayloadError:
         raise
     except Exception as exc:  # defensive, as in decode
-        raise PayloadError(f"invalid payload: {type(exc).__name__}: {_one_line(str(exc))}") from None
+        raise PayloadError(f"invalid payload: {type(exc).__name__}: {one_line(str(exc))}") from None

@@ -12,16 +12,16 @@ from typing import Any
 
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.payload.types import (
-    _HAS_STEP,
-    _ID_FIELDS,
-    _KEY,
-    _MAX_WINDOW_MS,
-    _PART,
-    _SAFE_INT,
-    _SUMMARY_KEY,
     FORMAT,
+    HAS_STEP,
+    ID_FIELDS,
+    KEY,
     MAX_SCALE,
     MAX_TEXT,
+    MAX_WINDOW_MS,
+    PART,
+    SAFE_INT,
+    SUMMARY_KEY,
     VERSION,
     VERSIONS,
     Batch,
@@ -42,37 +42,17 @@ _DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
 
 def from_document(doc: Any) -> Batch:
     """Validate a parsed JSON document and build the batch (PayloadError when invalid)."""
-    header = _header(doc)
+    header = read_header(doc)
     node, boot, seqs, times = header.node, header.boot, header.seqs, header.times_ms
     n = len(seqs)
 
-    metrics = _metrics(doc["metrics"], bool(header.summary_ms))
-    raw_devices = doc["devices"]
-    if not isinstance(raw_devices, list):
-        raise PayloadError(f"devices must be an array, not {_jtype(raw_devices)}")
-
+    metrics = read_metrics(doc["metrics"], bool(header.summary_ms))
     per_sample: list[list[DeviceSample]] = [[] for _ in range(n)]
     seen: set[DeviceId] = set()
-    for d, raw in enumerate(raw_devices):
+    for d, raw in enumerate(doc["devices"]):
         where = f"devices[{d}]"
-        if not isinstance(raw, dict):
-            raise PayloadError(f"{where} must be an object, not {_jtype(raw)}")
-        _keys(where, raw, _DEVICE_KEYS, {"id", "up", "columns"})
-        device = _device_id(where, raw["id"])
-        if device in seen:
-            raise PayloadError(f"{where}: device {device.uuid} is listed twice")
-        seen.add(device)
-        info = _info(where, raw.get("info", {}))
-        up = raw["up"]
-        if not isinstance(up, list) or len(up) != n:
-            raise PayloadError(f"{where}.up must be an array of {n} entries")
-        for v in up:
-            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
-                raise PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
-        cols = raw["columns"]
-        if not isinstance(cols, list) or len(cols) != len(metrics):
-            raise PayloadError(f"{where}.columns must be an array of {len(metrics)} entries (one per metric)")
-        decoded = _columns(where, cols, n, header.version)
+        device, info, up, cols = read_device(where, raw, n, len(metrics), seen)
+        decoded = read_columns(where, cols, n, header.version)
         for i in range(n):
             values: dict[SeriesKey, float] = {}
             for j, col in enumerate(decoded):
@@ -88,7 +68,9 @@ def from_document(doc: Any) -> Batch:
     return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms, part=header.part)
 
 
-def _header(doc: Any) -> Header:
+def read_header(doc: Any) -> Header:
+    """The checks of the fields outside ``devices`` (and that ``metrics`` and ``devices`` are arrays): what
+    ``peek`` reads."""
     if not isinstance(doc, dict):
         raise PayloadError(f"payload must be a JSON object, not {_jtype(doc)}")
     if doc.get("format") != FORMAT:
@@ -98,10 +80,10 @@ def _header(doc: Any) -> Header:
         raise PayloadError(f"unsupported payload version {version!r} (this reader knows 1, 2 and 3)")
     _keys("payload", doc, _TOP_KEYS if version >= 3 else _REQUIRED_TOP_KEYS, _REQUIRED_TOP_KEYS)
     summary_ms = _int("summary_ms", doc["summary_ms"]) if "summary_ms" in doc else 0
-    if "summary_ms" in doc and not 0 < summary_ms <= _MAX_WINDOW_MS:
-        raise PayloadError(f"summary_ms must be 1 to {_MAX_WINDOW_MS}, got {summary_ms}")
+    if "summary_ms" in doc and not 0 < summary_ms <= MAX_WINDOW_MS:
+        raise PayloadError(f"summary_ms must be 1 to {MAX_WINDOW_MS}, got {summary_ms}")
     part = doc.get("part", "")
-    if "part" in doc and (not isinstance(part, str) or not _PART.match(part)):
+    if "part" in doc and (not isinstance(part, str) or not PART.match(part)):
         got = repr(part[:40]) if isinstance(part, str) else _jtype(part)
         raise PayloadError(f"part must be a name of 16 lowercase hex digits, got {got}")
     node = _text("node", doc["node"])
@@ -123,6 +105,37 @@ def _header(doc: Any) -> Header:
         if not isinstance(doc[field], list):
             raise PayloadError(f"{field} must be an array, not {_jtype(doc[field])}")
     return Header(node, boot, tuple(seqs), tuple(times), version, summary_ms, part)
+
+
+def read_device(
+    where: str, raw: Any, n: int, n_metrics: int, seen: set[DeviceId]
+) -> tuple[DeviceId, dict[str, str], list[int | None], list[Any]]:
+    """The checks of one entry of ``devices`` but its columns: its id (not one in ``seen``, to which it is
+    added), info, ``up`` (``n`` entries) and that it has ``n_metrics`` columns. Shared by
+    ``from_document`` and the bridge's columnar reader, so that both refuse alike."""
+    if not isinstance(raw, dict):
+        raise PayloadError(f"{where} must be an object, not {_jtype(raw)}")
+    _keys(where, raw, _DEVICE_KEYS, {"id", "up", "columns"})
+    device = _device_id(where, raw["id"])
+    if device in seen:
+        raise PayloadError(f"{where}: device {device.uuid} is listed twice")
+    seen.add(device)
+    info = _info(where, raw.get("info", {}))
+    up = raw["up"]
+    if not isinstance(up, list) or len(up) != n:
+        raise PayloadError(f"{where}.up must be an array of {n} entries")
+    if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):  # the usual case, checked in C
+        for v in up:
+            if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v not in (0, 1)):
+                raise PayloadError(f"{where}.up entries must be 1, 0 or null, got {v!r}")
+    cols = raw["columns"]
+    if not isinstance(cols, list) or len(cols) != n_metrics:
+        raise PayloadError(f"{where}.columns must be an array of {n_metrics} entries (one per metric)")
+    return device, info, up, cols
+
+
+_UP_TYPES = {int, type(None)}
+_UP_VALUES = {0, 1, None}
 
 
 def _jtype(value: Any) -> str:
@@ -159,7 +172,7 @@ def _text(where: str, value: Any, allow_empty: bool = False) -> str:
 def _int(where: str, value: Any) -> int:
     if not isinstance(value, int) or isinstance(value, bool):
         raise PayloadError(f"{where} must be an integer, not {_jtype(value)}")
-    if abs(value) >= _SAFE_INT:
+    if abs(value) >= SAFE_INT:
         raise PayloadError(f"{where} is out of range")
     return value
 
@@ -171,13 +184,13 @@ def _undelta(where: str, value: Any) -> list[int]:
     total = 0
     for v in value:
         total += _int(where, v)
-        if abs(total) >= _SAFE_INT:
+        if abs(total) >= SAFE_INT:
             raise PayloadError(f"{where} runs out of range")
         out.append(total)
     return out
 
 
-def _metrics(value: Any, summary: bool = False) -> list[SeriesKey]:
+def read_metrics(value: Any, summary: bool = False) -> list[SeriesKey]:
     if not isinstance(value, list):
         raise PayloadError(f"metrics must be an array, not {_jtype(value)}")
     out: list[SeriesKey] = []
@@ -186,7 +199,7 @@ def _metrics(value: Any, summary: bool = False) -> list[SeriesKey]:
         if not isinstance(item, list) or len(item) != 2:
             raise PayloadError(f"{where} must be [key, [label values]]")
         key, labels = item
-        if not isinstance(key, str) or not (_SUMMARY_KEY if summary else _KEY).match(key) or len(key) > 128:
+        if not isinstance(key, str) or not (SUMMARY_KEY if summary else KEY).match(key) or len(key) > 128:
             raise PayloadError(f"{where}: invalid metric key {key!r}")
         if not isinstance(labels, list):
             raise PayloadError(f"{where}: label values must be an array")
@@ -199,10 +212,10 @@ def _metrics(value: Any, summary: bool = False) -> list[SeriesKey]:
 def _device_id(where: str, value: Any) -> DeviceId:
     if not isinstance(value, dict):
         raise PayloadError(f"{where}.id must be an object, not {_jtype(value)}")
-    _keys(f"{where}.id", value, frozenset(_ID_FIELDS), {"gpu", "uuid"})
+    _keys(f"{where}.id", value, frozenset(ID_FIELDS), {"gpu", "uuid"})
     fields = {
         name: _text(f"{where}.id.{name}", value[name], allow_empty=name not in ("gpu", "uuid"))
-        for name in _ID_FIELDS
+        for name in ID_FIELDS
         if name in value
     }
     return DeviceId(**fields)
@@ -217,15 +230,15 @@ def _info(where: str, value: Any) -> dict[str, str]:
     return value
 
 
-def _columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
+def read_columns(where: str, cols: list[Any], n: int, version: int) -> list[list[float | None] | None]:
     """A device's columns, decoded in order (a reference names an earlier one)."""
     out: list[list[float | None] | None] = []
     for j, col in enumerate(cols):
-        out.append(None if col is None else _column(f"{where}.columns[{j}]", col, n, version, out))
+        out.append(None if col is None else read_column(f"{where}.columns[{j}]", col, n, version, out))
     return out
 
 
-def _column(
+def read_column(
     where: str, value: Any, n: int, version: int = VERSION, earlier: Sequence[list[float | None] | None] = ()
 ) -> list[float | None]:
     """One column's values; ``earlier`` holds the device's columns before it (for a reference)."""
@@ -273,15 +286,15 @@ def _column(
 def _delta_array(where: str, value: list[Any], n: int) -> list[float | None]:
     """``[form, (step), d_0 ... d_n-1]``: form = scale + 10 * (order - 1), plus 20 when a step follows."""
     form = _int(f"{where}[0]", value[0]) if value else -1
-    if not 0 <= form < 2 * _HAS_STEP:
-        raise PayloadError(f"{where}: a delta array starts with its form, 0 to {2 * _HAS_STEP - 1}")
-    has_step = form >= _HAS_STEP
+    if not 0 <= form < 2 * HAS_STEP:
+        raise PayloadError(f"{where}: a delta array starts with its form, 0 to {2 * HAS_STEP - 1}")
+    has_step = form >= HAS_STEP
     if len(value) != n + 1 + has_step:
         raise PayloadError(f"{where} must hold the form, {'the step, ' if has_step else ''}and {n} deltas")
     step = _int(f"{where}[1]", value[1]) if has_step else 1
     if step < 1:
         raise PayloadError(f"{where}: step must be 1 or more, got {step}")
-    form %= _HAS_STEP
+    form %= HAS_STEP
     return _undelta_column(where, value[1 + has_step :], n, form % 10, step, 1 + form // 10)
 
 
@@ -294,7 +307,7 @@ def _undelta_column(where: str, deltas: Any, n: int, scale: int, step: int, orde
         for v in deltas:
             _int(where, v)
         deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))
-        if any(abs(v) >= 2 * _SAFE_INT for v in deltas):
+        if any(abs(v) >= 2 * SAFE_INT for v in deltas):
             raise PayloadError(f"{where} runs out of range")
     p = 10**scale
     out: list[float | None] = []
@@ -304,7 +317,7 @@ def _undelta_column(where: str, deltas: Any, n: int, scale: int, step: int, orde
             out.append(None)
             continue
         total += v if order == 2 else _int(where, v)
-        if abs(total * step) >= _SAFE_INT:
+        if abs(total * step) >= SAFE_INT:
             raise PayloadError(f"{where} runs out of range")
         out.append(total * step / p)
     return out

@@ -11,21 +11,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_exporter.model import DeviceId, SeriesKey
+from gpu_exporter.payload import types as fmt
 from gpu_exporter.payload._zdict import ZDICT, ZDICT_SUMMARY
-from gpu_exporter.payload.types import (
-    _HAS_STEP,
-    _ID_FIELDS,
-    _KEY,
-    _MAX_WINDOW_MS,
-    _PART,
-    _SAFE_INT,
-    _SUMMARY_KEY,
-    FORMAT,
-    MAX_SCALE,
-    MAX_TEXT,
-    VERSION,
-    Batch,
-)
+from gpu_exporter.payload.types import Batch
 
 __all__ = ["encode", "to_document"]
 
@@ -58,11 +46,11 @@ def to_document(batch: Batch) -> dict[str, Any]:
     if samples[0].seq < 1:
         raise ValueError(f"sequence numbers start at 1, got {samples[0].seq}")
 
-    if batch.summary_ms and not 0 < batch.summary_ms <= _MAX_WINDOW_MS:
+    if batch.summary_ms and not 0 < batch.summary_ms <= fmt.MAX_WINDOW_MS:
         raise ValueError(f"summary window of {batch.summary_ms} ms is out of range")
-    if batch.part and not _PART.match(batch.part):
+    if batch.part and not fmt.PART.match(batch.part):
         raise ValueError(f"part name {batch.part!r} is not 16 lowercase hex digits")
-    key_re = _SUMMARY_KEY if batch.summary_ms else _KEY
+    key_re = fmt.SUMMARY_KEY if batch.summary_ms else fmt.KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
     devices: dict[DeviceId, dict[str, Any]] = {}
@@ -106,8 +94,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
         out_devices.append(entry)
 
     doc: dict[str, Any] = {
-        "format": FORMAT,
-        "version": VERSION,
+        "format": fmt.FORMAT,
+        "version": fmt.VERSION,
         "node": batch.node,
         "boot": batch.boot,
         "first_seq": samples[0].seq,
@@ -125,12 +113,12 @@ def to_document(batch: Batch) -> dict[str, Any]:
 
 
 def _check_text(what: str, value: object, allow_empty: bool = False) -> None:
-    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > MAX_TEXT:
+    if not isinstance(value, str) or (not value and not allow_empty) or len(value) > fmt.MAX_TEXT:
         raise ValueError(f"invalid {what} {value!r}")
 
 
 def _device_fields(device: DeviceId) -> dict[str, str]:
-    fields = {name: getattr(device, name) for name in _ID_FIELDS}
+    fields = {name: getattr(device, name) for name in fmt.ID_FIELDS}
     for name, value in fields.items():
         _check_text(f"device {name}", value, allow_empty=name not in ("gpu", "uuid"))
     return {k: v for k, v in fields.items() if v or k in ("gpu", "uuid")}
@@ -143,15 +131,15 @@ def _deltas(values: Sequence[int]) -> list[int]:
 def _scale_of(value: float) -> int | None:
     """Fewest decimal places that hold ``value`` exactly (as decode computes it), or None."""
     if value.is_integer():
-        if abs(value) < _SAFE_INT and (value != 0 or math.copysign(1.0, value) > 0):
+        if abs(value) < fmt.SAFE_INT and (value != 0 or math.copysign(1.0, value) > 0):
             return 0
         return None
     if not math.isfinite(value):
         return None
-    for k in range(1, MAX_SCALE + 1):
+    for k in range(1, fmt.MAX_SCALE + 1):
         p = 10**k
         scaled = value * p
-        if abs(scaled) >= _SAFE_INT:
+        if abs(scaled) >= fmt.SAFE_INT:
             return None
         if round(scaled) / p == value:
             return k
@@ -200,7 +188,7 @@ def _reference(
         if sign < 0:
             ref["sign"] = -1
         if add:
-            ref["add"] = int(add) if add.is_integer() and abs(add) < _SAFE_INT else add
+            ref["add"] = int(add) if add.is_integer() and abs(add) < fmt.SAFE_INT else add
         return ref
     return None
 
@@ -214,16 +202,16 @@ def _encode_column(col: list[float | None]) -> Any:
     ``{"values": [...]}``; docs/payload.md has the forms."""
     first = col[0]
     if first is not None and all(v is not None and _same_float(v, first) for v in col):
-        if first.is_integer() and abs(first) < _SAFE_INT and math.copysign(1.0, first) > 0:
+        if first.is_integer() and abs(first) < fmt.SAFE_INT and math.copysign(1.0, first) > 0:
             return int(first)  # a value that held still for the whole batch, stated once
-        return _raw(first)
+        return json_value(first)
     scale = 0
     for v in col:
         if v is None:
             continue
         k = _scale_of(v)
         if k is None:
-            return {"values": [_raw(v) for v in col]}
+            return {"values": [json_value(v) for v in col]}
         scale = max(scale, k)
     p = 10**scale
     ints: list[int | None] = []
@@ -233,8 +221,8 @@ def _encode_column(col: list[float | None]) -> Any:
             ints.append(None)
             continue
         n = round(v * p)
-        if abs(n) >= _SAFE_INT or n / p != v:  # pragma: no cover - _scale_of already proved this
-            return {"values": [_raw(v) for v in col]}
+        if abs(n) >= fmt.SAFE_INT or n / p != v:  # pragma: no cover - _scale_of already proved this
+            return {"values": [json_value(v) for v in col]}
         ints.append(n)
         step = math.gcd(step, n)
     step = step or 1  # all zero
@@ -247,7 +235,7 @@ def _encode_column(col: list[float | None]) -> Any:
         out.append(n // step - last)
         last = n // step
     if not _in_range(out):  # a swing across nearly all of ±2**53: the deltas would not be exact in JSON
-        return {"values": [_raw(v) for v in col]}
+        return {"values": [json_value(v) for v in col]}
     order = 1
     if None not in out and len(out) > 2:
         # A counter at a steady rate (energy, NVLink bytes) or a smooth reading: its deltas change
@@ -257,12 +245,12 @@ def _encode_column(col: list[float | None]) -> Any:
             out, order = second, 2
     form = scale + 10 * (order - 1)
     if step > 1:  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
-        return [form + _HAS_STEP, step, *out]
+        return [form + fmt.HAS_STEP, step, *out]
     return [form, *out]
 
 
 def _in_range(ints: list[int | None]) -> bool:
-    return all(n is None or abs(n) < _SAFE_INT for n in ints)
+    return all(n is None or abs(n) < fmt.SAFE_INT for n in ints)
 
 
 def _digits(ints: list[Any]) -> int:
@@ -276,7 +264,8 @@ def _same_float(a: float, b: float) -> bool:
     return a == b and math.copysign(1.0, a) == math.copysign(1.0, b)
 
 
-def _raw(v: float | None) -> float | str | None:
+def json_value(v: float | None) -> float | str | None:
+    """A value as the payload writes it: a number, null, or "NaN", "+Inf", "-Inf"."""
     if v is None or math.isfinite(v):
         return v
     if math.isnan(v):

@@ -29,22 +29,11 @@ Encoded = tuple[Batch, bytes]
 Unfit = tuple[Sample, int]  # what cannot fit: one device's single series (or bare device), its payload's size
 
 
-def _ident(device: DeviceId) -> list[str]:
-    return [
-        device.gpu,
-        device.uuid,
-        device.gpu_instance,
-        device.compute_instance,
-        device.mig_profile,
-        device.parent_uuid,
-    ]
-
-
 def part_name(devices: Sequence[DeviceId], series: Sequence[SeriesKey] | None = None) -> str:
     """The name of a part holding ``devices`` whole, or only ``series`` of the one device given."""
-    what: list[object] = ["d", sorted(_ident(d) for d in devices)]
+    what: list[object] = ["d", sorted(d.fields() for d in devices)]
     if series is not None:
-        what = ["s", _ident(devices[0]), sorted([k, list(labels)] for k, labels in series)]
+        what = ["s", devices[0].fields(), sorted([k, list(labels)] for k, labels in series)]
     text = json.dumps(what, separators=(",", ":")).encode()
     return hashlib.blake2b(text, digest_size=8).hexdigest()
 

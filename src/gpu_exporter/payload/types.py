@@ -28,15 +28,15 @@ VERSION = 3  # what encode writes; decode reads this and every earlier version i
 VERSIONS = (1, 2, 3)
 DEFAULT_MAX_BYTES = 16 * 1024 * 1024  # compressed input and inflated JSON, each
 MAX_SCALE = 9  # decimal places a delta column may carry
-_SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
-_GZIP_MAGIC = b"\x1f\x8b"
-_KEY = re.compile(r"^[a-z][a-z0-9_]*$")
-_SUMMARY_KEY = re.compile(r"^[a-z][a-z0-9_]*:(min|max|mean|last)$")  # in a summary batch (summary_ms set)
-_MAX_WINDOW_MS = 366 * 86400 * 1000
-_PART = re.compile(r"^[0-9a-f]{16}$")  # a part's name (payload/split.py): 8 bytes of a hash, in hex
+SAFE_INT = 2**53  # beyond this JSON numbers stop being exact in most readers
+GZIP_MAGIC = b"\x1f\x8b"
+KEY = re.compile(r"^[a-z][a-z0-9_]*$")
+SUMMARY_KEY = re.compile(r"^[a-z][a-z0-9_]*:(min|max|mean|last)$")  # in a summary batch (summary_ms set)
+MAX_WINDOW_MS = 366 * 86400 * 1000
+PART = re.compile(r"^[0-9a-f]{16}$")  # a part's name (payload/split.py): 8 bytes of a hash, in hex
 MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
-_ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
-_HAS_STEP = 20  # added to a delta array's form when a step follows it
+ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
+HAS_STEP = 20  # added to a delta array's form when a step follows it
 
 
 class PayloadError(ValueError):

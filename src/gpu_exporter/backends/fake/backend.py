@@ -30,7 +30,7 @@ import pynvml
 
 from gpu_exporter.backends.fake.throttle import ThrottleSim
 from gpu_exporter.backends.nvidia.backend import NvmlBackend
-from gpu_exporter.backends.nvidia.xid import handle_address as _address
+from gpu_exporter.backends.nvidia.xid import handle_address
 from gpu_exporter.config import Config
 
 __all__ = ["SimNvml", "create"]
@@ -145,7 +145,7 @@ class SimNvml(ThrottleSim):
         return ctypes.cast(address, pynvml.c_nvmlDevice_t)
 
     def _where(self, handle: Any) -> _Where | None:
-        where = self._at.get(_address(handle) or 0)
+        where = self._at.get(handle_address(handle) or 0)
         if where is None or not 0 <= where.index < self.gpus:
             return None
         if where.mig is not None and not (self._is_mig_parent(_Where(where.index, None)) and where.mig < self.mig):
@@ -440,18 +440,18 @@ class SimNvml(ThrottleSim):
     def nvmlGpmSampleFree(self, sample: Any) -> None:
         self._enter("nvmlGpmSampleFree")
         with self._lock:
-            self._gpm_samples.pop(_address(sample) or 0, None)
+            self._gpm_samples.pop(handle_address(sample) or 0, None)
 
     def nvmlGpmSampleGet(self, h: Any, sample: Any) -> Any:
         w = self._enter("nvmlGpmSampleGet", h)
-        found = self._gpm_samples.get(_address(sample) or 0)
+        found = self._gpm_samples.get(handle_address(sample) or 0)
         if found is None:
             raise pynvml.NVMLError_InvalidArgument()
         found[1][0] = w.index
         return sample
 
     def nvmlGpmMetricsGet(self, request: Any) -> Any:
-        found = self._gpm_samples.get(_address(request.sample2) or 0)
+        found = self._gpm_samples.get(handle_address(request.sample2) or 0)
         index = found[1][0] if found is not None else None
         w = self._enter("nvmlGpmMetricsGet", None if index is None else self._handle(index))
         if index is None:

@@ -60,6 +60,24 @@ CLOCK_EVENT_REASONS = (
     (0x80, "hw_power_brake_slowdown"),
 )
 
+# One-value NVML calls, by catalog group: (catalog key, NVML function, its arguments after the device
+# handle, scale to the catalog's base unit). Reads that take more than that live in groups.py.
+SIMPLE_CALLS: dict[str, tuple[tuple[str, str, tuple[int, ...], float], ...]] = {
+    "power": (
+        ("power", "nvmlDeviceGetPowerUsage", (), 1e-3),  # mW
+        ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", (), 1e-3),  # mW
+        ("energy", "nvmlDeviceGetTotalEnergyConsumption", (), 1e-3),  # mJ
+    ),
+    "clocks": tuple((f"clock_{clock}", "nvmlDeviceGetClockInfo", (clock_id,), 1e6) for clock, clock_id in CLOCKS),
+    "pcie": (
+        ("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,), 1024.0),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s
+        ("pcie_rx", "nvmlDeviceGetPcieThroughput", (1,), 1024.0),  # NVML_PCIE_UTIL_RX_BYTES
+        ("pcie_replay", "nvmlDeviceGetPcieReplayCounter", (), 1.0),
+        ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", (), 1.0),
+        ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", (), 1.0),
+    ),
+}
+
 
 class NvmlBackend:
     """Reads every NVIDIA GPU (and MIG instance) the library reports."""
@@ -217,6 +235,11 @@ class NvmlBackend:
         raw = self._call(device, name, *args, variant=variant)
         if raw is not None:
             v[(key, ())] = raw * scale
+
+    def _simple(self, device: Device, v: dict[SeriesKey, float], group: str) -> None:
+        """The one-value calls of ``group`` (SIMPLE_CALLS), in order."""
+        for key, name, args, scale in SIMPLE_CALLS[group]:
+            self._scalar(device, v, key, scale, name, device.handle, *args)
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -394,15 +417,9 @@ class NvmlBackend:
             if (FI_MEMORY_TEMP, 0) in fields:
                 v[("temp_memory", ())] = fields[(FI_MEMORY_TEMP, 0)]
         if enabled("power"):
-            for key, name, scale in (
-                ("power", "nvmlDeviceGetPowerUsage", 1e-3),
-                ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", 1e-3),
-                ("energy", "nvmlDeviceGetTotalEnergyConsumption", 1e-3),
-            ):
-                self._scalar(device, v, key, scale, name, h)
+            self._simple(device, v, "power")
         if enabled("clocks"):
-            for clock, clock_id in CLOCKS:
-                self._scalar(device, v, f"clock_{clock}", 1e6, "nvmlDeviceGetClockInfo", h, clock_id)
+            self._simple(device, v, "clocks")
             pstate = call(device, "nvmlDeviceGetPerformanceState", h)
             if pstate is not None and 0 <= pstate <= 15:
                 v[("performance_state", ())] = float(pstate)
@@ -416,14 +433,7 @@ class NvmlBackend:
             if fan is not None:
                 v[("fan_speed", ())] = fan / 100.0
         if enabled("pcie"):
-            for key, counter in (("pcie_tx", 0), ("pcie_rx", 1)):  # NVML_PCIE_UTIL_TX/RX_BYTES
-                self._scalar(device, v, key, 1024.0, "nvmlDeviceGetPcieThroughput", h, counter)
-            for key, name in (
-                ("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
-                ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
-                ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
-            ):
-                self._scalar(device, v, key, 1.0, name, h)
+            self._simple(device, v, "pcie")
         if enabled("ecc"):
             groups.ecc(self._call, device, h, v)
         if enabled("nvlink") and device.nvlinks:
