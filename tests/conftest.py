@@ -17,11 +17,11 @@ from typing import Any
 import pytest
 
 try:
-    from . import leftovers
-except ImportError:  # a copy loaded outside the tests package (tests/test_ci_strict.py runs one)
+    from .support import leftovers
+except ImportError:  # a copy loaded outside the tests package (tests/unit/support/test_ci_strict.py runs one)
     import leftovers  # type: ignore[no-redef]
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parent.parent  # (not support.paths: a copy runs outside the package)
 SRC = ROOT / "src"
 
 # A skip whose reason starts with this describes the machine, not a missing tool: the test cannot apply
