@@ -70,7 +70,7 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: item.get_closest_marker("integration") is None)
 
 
-# --- No process outlives the suite (tests/leftovers.py, docs/testing.md) ---------------------------------
+# --- No process outlives the suite (tests/support/leftovers.py, docs/testing.md) ---------------------------------
 _FIRST_SEEN: dict[int, str] = {}  # PID -> the test after which it was first seen running
 _GRACE = 3.0  # seconds a process signalled by the last test's teardown may take to exit
 

@@ -1,7 +1,7 @@
 """The DaemonSet's container, run as a container runtime would run it, on each vendor's node.
 
 deploy/daemonset.yaml (and, for AMD nodes, deploy/kubeedge with deploy/components/amd; for Jetson pods,
-with deploy/components/jetson-processes) is parsed as written and run by tests/container_sandbox.py:
+with deploy/components/jetson-processes) is parsed as written and run by tests/support/container_sandbox.py:
 the manifest's user, groups and capabilities, a read-only root, a masked /sys/firmware, only the volumes
 it declares, bound from a fixture node, its env and args. Each node must serve its real readings on
 /metrics and forward them to a real Mosquitto; a manifest changed so that a vendor breaks must fail.

@@ -176,7 +176,7 @@ def test_never_evicted_from_an_unreachable_node(rendered: tuple[str, list[dict[s
 
 
 def test_kubeedge_placement(rendered: tuple[str, list[dict[str, Any]]]) -> None:
-    """Which nodes, label by label: tests/test_deploy_placement.py. Here: the expressions' form."""
+    """Which nodes, label by label: tests/deploy/test_deploy_placement.py. Here: the expressions' form."""
     overlay, docs = rendered
     spec = _pod_spec(docs)
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
@@ -270,7 +270,7 @@ def test_config_from_configmap_and_credentials_from_secret(
     # the agent itself accepts the file: every key is a known option with a valid value
     path = tmp_path / "config.yaml"
     path.write_text(configmap["data"]["config.yaml"], encoding="utf-8")
-    # (forwarding's certificate files live on each node: tests/test_deploy_cloud.py loads it with them)
+    # (forwarding's certificate files live on each node: tests/deploy/test_deploy_cloud.py loads it with them)
     loaded = config.load({"config.file": str(path), "mqtt.url": ""}, environ={})
     assert loaded.path_procfs == "/host/proc"
     # what pod attribution reads is mounted, read-only, from the host

@@ -1,6 +1,6 @@
 """The KubeEdge deployment's path to the cloud: the agent forwards straight to the cloud broker over TLS,
 with a client certificate that lives on its own node, and the shipped cloud broker configuration keeps
-each node to its own topics. (tests/test_topology.py runs the whole path with an outage.)"""
+each node to its own topics. (tests/integration/test_topology.py runs the whole path with an outage.)"""
 
 from __future__ import annotations
 

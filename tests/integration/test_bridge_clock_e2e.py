@@ -35,7 +35,7 @@ DAY = 86400
 
 class SkewedExporter(Exporter):
     """The exporter with its wall clock shifted by libfaketime (``offset`` such as "+400d"), preloaded
-    into the exporter itself (tests/faketime.py): the PID the test signals is the exporter's."""
+    into the exporter itself (tests/support/faketime.py): the PID the test signals is the exporter's."""
 
     def __init__(self, offset: str, library: str, *args: str) -> None:
         super().__init__(*args, env=faketime_env(child_env(), offset, library))

@@ -2,7 +2,7 @@
 
 Mosquitto 2.0 announces ``max_packet_size`` as Maximum Packet Size, ``max_inflight_messages`` as Receive
 Maximum, ``retain_available false`` as Retain Available 0 and ``max_qos 0`` as Maximum QoS 0. A proxy
-between agent and broker (tests/mqtt_proxy.py) reads every packet: the size of each PUBLISH, how many are
+between agent and broker (tests/support/mqtt_proxy.py) reads every packet: the size of each PUBLISH, how many are
 unacknowledged at once, how many connections the broker accepted.
 """
 

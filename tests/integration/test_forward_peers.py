@@ -1,7 +1,7 @@
 """Brokers worse than Mosquitto, met by the exporter as users run it (the CLI as a child process):
 one that takes batches and never acknowledges them, one that sends a packet announced as 256 MB, and
 a second agent that takes the first one's session over. Between agent and the real Mosquitto stands
-tests/mqtt_proxy.py, which makes the broker misbehave. Each test ends with "nothing lost", checked by
+tests/support/mqtt_proxy.py, which makes the broker misbehave. Each test ends with "nothing lost", checked by
 sequence numbers end to end (what the broker delivered, and what the stopped agent left in its spool).
 """
 

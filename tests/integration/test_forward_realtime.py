@@ -1,6 +1,6 @@
 """A thin uplink in real time, as a network makes it: the exporter CLI (8 simulated GPUs read every
 second, 10 s batches, the default 30 s keepalive) in a network namespace whose uplink and downlink are
-shaped by ``tc tbf`` to 150 bytes per second (tests/netns.py), a real Mosquitto, the real bridge and a
+shaped by ``tc tbf`` to 150 bytes per second (tests/support/netns.py), a real Mosquitto, the real bridge and a
 real VictoriaMetrics. Full resolution needs some 900 B/s here, so the link is saturated for the whole
 run: the agent sends summaries, paced to what the link carries.
 

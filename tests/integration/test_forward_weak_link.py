@@ -1,5 +1,5 @@
 """Adaptive forwarding through a slow link: the agent's forwarder (8 simulated GPUs) publishes through
-tests/tcp_proxy.py, shaped to a bandwidth, to a real Mosquitto; the real bridge writes to a real
+tests/support/tcp_proxy.py, shaped to a bandwidth, to a real Mosquitto; the real bridge writes to a real
 VictoriaMetrics (whose export API shows duplicates, which Prometheus would hide).
 
 Time runs ten times faster than in the issue's figures, and rates are ten times higher, so that every

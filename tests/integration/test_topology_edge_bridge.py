@@ -1,10 +1,10 @@
 """The path the KubeEdge deployment no longer takes, run to show where it loses data: the agent
 publishes to a Mosquitto on its own node, which a Mosquitto bridge forwards to the cloud broker through
-the WAN (tests/tcp_proxy.py). The edge broker acknowledges each batch at once, so the agent's spool
+the WAN (tests/support/tcp_proxy.py). The edge broker acknowledges each batch at once, so the agent's spool
 empties while the WAN is down and the bridge's queue is all that holds the outage.
 
 Configured as such a bridge would be, with a persistent session (``cleansession false``) and the queue
-limit of KubeEdge's Mosquitto 1.6 (100 messages), the outage that tests/test_topology.py carries with 0
+limit of KubeEdge's Mosquitto 1.6 (100 messages), the outage that tests/integration/test_topology.py carries with 0
 lost on the direct path loses samples here, and the agent counts none of them as dropped.
 """
 

@@ -4,7 +4,7 @@ Debian's kubernetes-client (1.20) embeds a kustomize too old for `patches:` and 
 deploy tests render with `kubectl kustomize` when a recent one is installed and with this otherwise.
 It implements the subset deploy/ uses: `resources` (files and directories), `components`, and
 `patches` (from a file or inline; JSON 6902 lists with a `target`, or strategic-merge documents
-merged as plain maps). tests/test_deploy.py checks that it renders exactly what kubectl renders.
+merged as plain maps). tests/deploy/test_deploy.py checks that it renders exactly what kubectl renders.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """One edge node behind a thin link, in real time: the exporter CLI (simulated GPUs) in a network
-namespace whose WAN is shaped by ``tc`` (tests/netns.py), a real Mosquitto, the real bridge and a real
-VictoriaMetrics on this host. Shared by tests/test_forward_realtime.py and bench/bench_weak_link.py.
+namespace whose WAN is shaped by ``tc`` (tests/support/netns.py), a real Mosquitto, the real bridge and a real
+VictoriaMetrics on this host. Shared by tests/integration/test_forward_realtime.py and bench/bench_weak_link.py.
 
 The cloud's lag is read from the TSDB: for each GPU, the newest timestamp of its temperature, raw or as a
 summary's ``_last``; ``lag_all`` is the age of the stalest GPU's newest value (the whole node is at

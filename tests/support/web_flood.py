@@ -1,7 +1,7 @@
 """A wrong-password flood against an endpoint, and Prometheus-style scrapes beside it.
 
-Shared by tests/test_web_auth_flood.py (CI-sized) and bench/bench_auth_flood.py (the issue's 80 clients).
-The flood runs in a child process (``python -m tests.web_flood``): each client is a thread with a real
+Shared by tests/integration/test_web_auth_flood.py (CI-sized) and bench/bench_auth_flood.py (the issue's 80 clients).
+The flood runs in a child process (``python -m tests.support.web_flood``): each client is a thread with a real
 HTTP/1.1 keep-alive connection that sends ``GET /metrics`` with basic auth and a fresh random wrong
 password every time (so that no cache of failures can spare a bcrypt round), and sends the next request as
 soon as an answer came, reconnecting when the server closes the connection. The scrapes come from this
@@ -146,7 +146,7 @@ def flood(
     has not been checked before unless the caller scraped already."""
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     child = subprocess.Popen(
-        [sys.executable, "-m", "tests.web_flood", f"--port={port}", f"--clients={clients}", f"--user={user}"],
+        [sys.executable, "-m", "tests.support.web_flood", f"--port={port}", f"--clients={clients}", f"--user={user}"],
         env=env,
         stdout=subprocess.PIPE,
         text=True,

@@ -1,5 +1,5 @@
 """Pacing and the incoming-packet guard, piece by piece (timings passed in by hand; the real-time path
-through a shaped kernel link is tests/test_forward_realtime.py, a hostile broker tests/test_forward_peers.py).
+through a shaped kernel link is tests/integration/test_forward_realtime.py, a hostile broker tests/integration/test_forward_peers.py).
 """
 
 from __future__ import annotations

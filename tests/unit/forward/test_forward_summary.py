@@ -1,6 +1,6 @@
 """Summaries on a weak link, piece by piece: what a summary holds, how it travels, how the bridge writes
 it, and what the link meter concludes from PUBACKs (the forwarder's timing is passed in by hand here;
-tests/test_forward_weak_link.py runs the whole path through a slow link)."""
+tests/integration/test_forward_weak_link.py runs the whole path through a slow link)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The session-end check (tests/conftest.py, tests/leftovers.py): a process a test leaves running fails
+"""The session-end check (tests/conftest.py, tests/support/leftovers.py): a process a test leaves running fails
 the session, named with the test after which it was first seen, and is stopped; so is a daemon that
 forked away from its parent (the session is a child subreaper); a session that stops what it started
 passes. Each case is a real pytest session in a subprocess, loading the suite's conftest as a plugin."""

@@ -1,4 +1,4 @@
-"""The WAN stand-in of the topology tests (tests/tcp_proxy.py): it passes bytes unchanged, a cut
+"""The WAN stand-in of the topology tests (tests/support/tcp_proxy.py): it passes bytes unchanged, a cut
 resets and refuses, a silent cut swallows, a restore serves again on the same port, and shaping
 slows and delays. Only lower bounds of elapsed time are asserted (a loaded machine is only slower)."""
 
