@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 import bcrypt  # noqa: E402
-from tests.conftest import child_env, exporter_cmd, free_port, http_get, stop_process  # noqa: E402
+from tests.support import child_env, exporter_cmd, free_port, http_get, stop_process  # noqa: E402
 from tests.support.web_flood import flood, queued_checks, wrong_password_times  # noqa: E402
 
 PASSWORD = "right-password-for-the-bench"

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import yaml
 
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 TOOL = ROOT / "tools" / "adapter_rules.py"
 

@@ -33,10 +33,9 @@ import pytest
 import yaml
 
 from gpu_exporter import config
-from tests.conftest import free_port, http_get, wait_for
 from tests.fakes import nvml_lib
 from tests.support import container_sandbox as sandbox
-from tests.support import kustomize_lite, paths
+from tests.support import free_port, http_get, kustomize_lite, paths, wait_for
 from tests.support.mosquitto import Broker, Collector, make_tls
 
 ROOT = paths.ROOT

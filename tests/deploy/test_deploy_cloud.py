@@ -14,8 +14,7 @@ import yaml
 from paho.mqtt.enums import CallbackAPIVersion, MQTTProtocolVersion
 
 from gpu_exporter import config
-from tests.conftest import child_env, exporter_cmd
-from tests.support import paths
+from tests.support import child_env, exporter_cmd, paths
 from tests.support.deployed import DAEMONSET, CloudBroker, Manifest, NodePaths, node_agent, provision_node_credentials
 from tests.support.mosquitto import make_tls, wait_until
 

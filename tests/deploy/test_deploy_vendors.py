@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 import yaml
 
-from tests.conftest import SRC
 from tests.deploy.test_deploy import DEPLOY, K8S_VERSION, render_with
 from tests.deploy.test_deploy import _pod_spec as pod_spec
+from tests.support import SRC
 from tests.unit.backends.amd.test_amd import open_amd_in_child
 
 

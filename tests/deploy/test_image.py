@@ -17,7 +17,7 @@ import pytest
 import yaml
 
 from gpu_exporter import buildinfo
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 DOCKERFILE = ROOT / "Dockerfile"
 

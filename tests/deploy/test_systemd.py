@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter import config as cfg
-from tests.conftest import ROOT
+from tests.support import ROOT
 
 UNIT = ROOT / "deploy" / "systemd" / "gpu-exporter.service"
 CONFIG = ROOT / "deploy" / "systemd" / "config.yaml"

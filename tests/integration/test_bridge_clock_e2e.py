@@ -18,9 +18,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from tests.conftest import Exporter, child_env
 from tests.integration.test_bridge_e2e import expected
-from tests.support import paths
+from tests.support import Exporter, child_env, paths
 from tests.support.bridge_helpers import BridgeProcess, stored_points
 from tests.support.faketime import faketime_env, libfaketime
 from tests.support.mosquitto import Collector

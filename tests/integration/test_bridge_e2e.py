@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Exporter
+from tests.support import Exporter
 from tests.support.bridge_helpers import BridgeProcess, stored_points
 from tests.support.mosquitto import Collector
 from tests.support.tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, wait_until

@@ -20,7 +20,7 @@ import pytest
 from gpu_exporter import config as cfg
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch, encode
-from tests.conftest import wait_progressing
+from tests.support import wait_progressing
 from tests.support.bridge_attacks import series_flood
 from tests.support.bridge_helpers import BridgeProcess, Publisher, expected_points, make_batch, stored_points
 from tests.support.tsdb import MosquittoServer, PrometheusServer, http_get, wait_until

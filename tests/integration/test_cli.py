@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import Exporter, child_env, exporter_cmd, http_get, promtool_check, wait_for
+from tests.support import Exporter, child_env, exporter_cmd, http_get, promtool_check, wait_for
 
 
 def run_cli(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
-from tests.conftest import free_port, http_get, lone_bridge_args, spawn_logged, stop_process, wait_until
+from tests.support import free_port, http_get, lone_bridge_args, spawn_logged, stop_process, wait_until
 
 RELOADED = "re-reading the web config file"
 

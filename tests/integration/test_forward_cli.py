@@ -14,7 +14,7 @@ import pytest
 
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.payload import Batch, decode
-from tests.conftest import child_env, exporter_cmd
+from tests.support import child_env, exporter_cmd
 from tests.support.agent_proc import FAST, Proc
 from tests.support.mosquitto import Broker, Collector, broker_fixture, make_tls, wait_until  # noqa: F401  (the broker fixture)
 

@@ -28,8 +28,8 @@ from gpu_exporter.forward.spool import Spool
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch
 from gpu_exporter.ring import RingBuffer
-from tests.conftest import wait_progressing
 from tests.integration.test_forward_service import make_config, make_sample, metric
+from tests.support import wait_progressing
 from tests.support.bridge_helpers import BridgeProcess, expected_points, stored_points
 from tests.support.mosquitto import Broker, Collector, wait_until
 from tests.support.mqtt_proxy import Proxy

@@ -181,7 +181,7 @@ def test_a_twin_agent_on_a_broker_that_closes_without_a_word_is_named_as_a_cause
 
 
 def http_status(proc: Proc, path: str) -> int:
-    from tests.conftest import http_get
+    from tests.support import http_get
 
     try:
         return http_get(f"http://127.0.0.1:{proc.port}{path}", timeout=5)[0]
@@ -190,7 +190,7 @@ def http_status(proc: Proc, path: str) -> int:
 
 
 def http_body(proc: Proc, path: str) -> str:
-    from tests.conftest import http_get
+    from tests.support import http_get
 
     return http_get(f"http://127.0.0.1:{proc.port}{path}", timeout=5)[1].decode()
 

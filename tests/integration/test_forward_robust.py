@@ -28,8 +28,8 @@ from gpu_exporter.forward import spool_faults as spool_module
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.ring import RingBuffer
-from tests.conftest import child_env, exporter_cmd, http_get
 from tests.integration.test_forward_service import Feeder, make_config, make_sample, metric
+from tests.support import child_env, exporter_cmd, http_get
 from tests.support.agent_proc import FAST, Proc
 from tests.support.mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 from tests.support.mqtt_proxy import Proxy

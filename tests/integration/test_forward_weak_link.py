@@ -30,7 +30,7 @@ from gpu_exporter.backends.nvidia.backend import NvmlBackend
 from gpu_exporter.forward.service import Forwarder
 from gpu_exporter.model import DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
-from tests.conftest import wait_progressing
+from tests.support import wait_progressing
 from tests.support.bridge_helpers import BridgeProcess
 from tests.support.mosquitto import Collector
 from tests.support.tcp_proxy import TcpProxy

@@ -15,7 +15,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families
 
 from gpu_exporter.openmetrics import accepts_openmetrics, convert
-from tests.conftest import Exporter, child_env, exporter_cmd, free_port, http_get, lone_bridge_args, wait_for
+from tests.support import Exporter, child_env, exporter_cmd, free_port, http_get, lone_bridge_args, wait_for
 from tests.support.tsdb import PrometheusServer
 
 PROMETHEUS_ACCEPT = (

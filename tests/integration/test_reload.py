@@ -6,7 +6,7 @@ import signal
 import threading
 from pathlib import Path
 
-from tests.conftest import http_get
+from tests.support import http_get
 from tests.support.agent_proc import Proc
 from tests.support.mosquitto import Broker, Collector, wait_until
 

@@ -16,7 +16,7 @@ import pytest
 
 from gpu_exporter import buildinfo
 from gpu_exporter.logs import JsonFormatter, LogfmtFormatter
-from tests.conftest import ROOT, SRC, Exporter, child_env, exporter_cmd, free_port, http_get, lone_bridge_args, wait_for
+from tests.support import ROOT, SRC, Exporter, child_env, exporter_cmd, free_port, http_get, lone_bridge_args, wait_for
 
 LOGFMT_LINE = re.compile(
     r"^ts=\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z level=(debug|info|warn|error) caller=\S+:\d+ msg="

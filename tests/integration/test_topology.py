@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import child_env, exporter_cmd
+from tests.support import child_env, exporter_cmd
 from tests.support.bridge_helpers import expected_points, stored_points
 from tests.support.deployed import Cloud, DeployedAgent, Manifest, cloud_fixture, node_agent, provision_node_credentials  # noqa: F401
 from tests.support.mosquitto import Collector, wait_until

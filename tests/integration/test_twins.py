@@ -13,7 +13,7 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from gpu_exporter.forward.twins import WINDOW, TwinWatch
-from tests.conftest import free_port
+from tests.support import free_port
 from tests.support.agent_proc import Proc
 from tests.support.mosquitto import Broker, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 

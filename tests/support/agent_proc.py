@@ -6,9 +6,9 @@ import signal
 import subprocess
 from pathlib import Path
 
-from tests.conftest import child_env, exporter_cmd, free_port, http_get, stop_process
-
 from .mosquitto import wait_until
+from .ports import free_port
+from .procs import child_env, exporter_cmd, http_get, stop_process
 
 FAST = ["--gpu-vendor=fake", "--fake.gpus=2", "--gpu-metrics-collection-interval=200ms", "--node-name=edge-1"]
 

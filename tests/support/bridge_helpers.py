@@ -18,8 +18,8 @@ import paho.mqtt.client as mqtt
 from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch
-from tests.conftest import child_env
 
+from .procs import child_env
 from .tsdb import MosquittoServer, free_port, http_get, wait_until
 
 

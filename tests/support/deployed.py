@@ -28,12 +28,11 @@ from urllib.parse import urlsplit
 import pytest
 import yaml
 
-from tests.conftest import child_env, exporter_cmd
-
 from . import paths
 from .agent_proc import Proc
 from .bridge_helpers import BridgeProcess
 from .mosquitto import MOSQUITTO_PASSWD, Broker, Collector, make_tls, wait_until
+from .procs import child_env, exporter_cmd
 from .tcp_proxy import TcpProxy
 from .tsdb import MosquittoServer, PrometheusServer, Server, VictoriaMetricsServer, free_port
 

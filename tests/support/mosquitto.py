@@ -29,7 +29,10 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gpu_exporter.payload import Batch, PayloadError, decode
-from tests.conftest import free_port, stop_process, wait_until
+
+from .ports import free_port
+from .procs import stop_process
+from .waits import wait_until
 
 __all__ = ["Broker", "Collector", "broker_fixture", "make_tls", "wait_until"]
 

@@ -15,11 +15,14 @@ import subprocess
 import time
 import urllib.parse
 import urllib.request
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+
+from .ports import free_port
+from .waits import wait_until
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
 VICTORIA = shutil.which("victoria-metrics") or "/usr/bin/victoria-metrics"
@@ -27,24 +30,6 @@ MOSQUITTO = shutil.which("mosquitto") or "/usr/sbin/mosquitto"
 
 # {frozenset of label pairs: [(timestamp ms, value), ...]}
 SampleMap = dict[frozenset[tuple[str, str]], list[tuple[int, float]]]
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def wait_until(check: Callable[[], bool], timeout: float, what: str, interval: float = 0.1) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if check():
-                return
-        except OSError:
-            pass
-        time.sleep(interval)
-    raise TimeoutError(f"timed out after {timeout:g}s waiting for {what}")
 
 
 def http_get(url: str, timeout: float = 5.0) -> bytes:

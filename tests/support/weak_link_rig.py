@@ -20,10 +20,9 @@ import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tests.conftest import stop_process
-
 from . import paths
 from .netns import ShapedLink
+from .procs import stop_process
 from .tsdb import MOSQUITTO, MosquittoServer, VictoriaMetricsServer, free_port, http_get
 
 ROOT = paths.ROOT

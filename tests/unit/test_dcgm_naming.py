@@ -19,8 +19,7 @@ from gpu_exporter.exposition import render
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.naming import ALIASES, DCGM_UNITS, dcgm_fields, dcgm_view
-from tests.conftest import child_env, free_port, promtool_check
-from tests.support import paths
+from tests.support import child_env, free_port, paths, promtool_check
 
 ROOT = paths.ROOT
 EXPECTED = paths.FIXTURES / "dcgm" / "default-counters.expected.csv"

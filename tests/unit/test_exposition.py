@@ -15,8 +15,7 @@ from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer, n
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
-from tests.conftest import http_get, promtool_check
-from tests.support import paths
+from tests.support import http_get, paths, promtool_check
 
 GOLDEN = paths.GOLDEN
 

@@ -13,8 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.limits import MAX_INFO_KEYS, MAX_VALUE, SampleBounds, bound_value
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
-from tests.conftest import promtool_check
-from tests.support import paths
+from tests.support import paths, promtool_check
 from tests.support.agent_proc import Proc
 from tests.support.mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 

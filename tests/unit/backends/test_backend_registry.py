@@ -11,7 +11,7 @@ import pytest
 from gpu_exporter import config
 from gpu_exporter.backends import registry
 from gpu_exporter.backends.registry import Vendor
-from tests.conftest import child_env
+from tests.support import child_env
 
 
 def test_every_vendor_package_is_a_choice_of_gpu_vendor_in_rank_order() -> None:

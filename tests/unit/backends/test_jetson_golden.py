@@ -16,9 +16,8 @@ from gpu_exporter.backends.jetson import backend as jetson
 from gpu_exporter.config import Config
 from gpu_exporter.exposition import native_view, render
 from gpu_exporter.model import Sample
-from tests.conftest import promtool_check
 from tests.fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
-from tests.support import paths
+from tests.support import paths, promtool_check
 
 FIXTURES = paths.FIXTURES
 BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")

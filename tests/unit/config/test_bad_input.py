@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from gpu_exporter import config as cfg
-from tests.conftest import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process, wait_until
+from tests.support import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process, wait_until
 from tests.support.agent_proc import FAST, Proc
 
 # A child may use at most this much address space: a loader that expands aliases or reads /dev/zero

@@ -6,7 +6,7 @@ import re
 import subprocess
 
 from gpu_exporter import config as cfg
-from tests.conftest import child_env, exporter_cmd
+from tests.support import child_env, exporter_cmd
 
 
 def flags(*command: str) -> set[str]:

@@ -10,7 +10,7 @@ import pytest
 
 from gpu_exporter import config as cfg
 from gpu_exporter.mqtt.settings import read_password_bytes
-from tests.conftest import child_env, exporter_cmd
+from tests.support import child_env, exporter_cmd
 
 FORWARD = ["--gpu-vendor=fake", "--mqtt.url=mqtt://127.0.0.1:1"]
 

@@ -14,8 +14,7 @@ from gpu_exporter.config import Config
 from gpu_exporter.doctor import broker as broker_checks
 from gpu_exporter.doctor import checks
 from gpu_exporter.doctor.checks import Node
-from tests.conftest import child_env, exporter_cmd, free_port
-from tests.support import paths
+from tests.support import child_env, exporter_cmd, free_port, paths
 from tests.support.mosquitto import Broker, make_tls
 
 JETSON = paths.FIXTURES / "jetson" / "orin-jp6"

@@ -12,7 +12,7 @@ from typing import NamedTuple
 import pytest
 
 from gpu_exporter.forward.spool import Spool
-from tests.conftest import child_env
+from tests.support import child_env
 
 
 class Drops:

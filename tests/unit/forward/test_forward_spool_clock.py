@@ -13,7 +13,7 @@ import pytest
 
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.forward.spool_clock import SpoolClock
-from tests.conftest import child_env, exporter_cmd, free_port, http_get, stop_process, wait_until
+from tests.support import child_env, exporter_cmd, free_port, http_get, stop_process, wait_until
 from tests.unit.forward.test_forward_spool import Drops
 
 DAY = 86400.0

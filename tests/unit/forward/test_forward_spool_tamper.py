@@ -23,8 +23,8 @@ import pytest
 from gpu_exporter.forward.spool import Spool
 from gpu_exporter.forward.spool_disk import check_wal
 from gpu_exporter.payload import Batch, encode
-from tests.conftest import child_env
 from tests.integration.test_forward_service import make_sample
+from tests.support import child_env
 from tests.support.agent_proc import FAST, Proc
 from tests.support.mosquitto import Broker, Collector, broker_fixture, wait_until  # noqa: F401  (the broker fixture)
 from tests.unit.forward.test_forward_spool import Drops

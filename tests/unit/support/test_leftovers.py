@@ -13,8 +13,7 @@ import time
 import uuid
 from pathlib import Path
 
-from tests.conftest import ROOT, wait_for
-from tests.support import leftovers
+from tests.support import ROOT, leftovers, wait_for
 
 LEAKY = """
 import subprocess, sys

@@ -11,7 +11,7 @@ import sys
 import uuid
 from pathlib import Path
 
-from tests.conftest import ROOT, wait_for
+from tests.support import ROOT, wait_for
 from tests.unit.support.test_leftovers import LEAKY, TIDY, _ours
 
 

@@ -25,7 +25,7 @@ from gpu_exporter.web.authpool import CheckPool
 from gpu_exporter.web.ratelimit import RateLimiter, parse_go_duration
 from gpu_exporter.web.server import ServerCollector
 from gpu_exporter.web.webconfig import load_web_config
-from tests.conftest import child_env, exporter_cmd
+from tests.support import child_env, exporter_cmd
 from tests.support.mosquitto import make_tls, wait_until
 from tests.unit.test_exposition import fixed_sample
 

@@ -13,7 +13,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.exposition import Exposition, MetricsServer, native_view
 from gpu_exporter.web.server import Limits, accepts_gzip
-from tests.conftest import http_get
+from tests.support import http_get
 from tests.support.agent_proc import FAST, Proc
 from tests.support.mosquitto import wait_until
 from tests.unit.test_exposition import fixed_sample

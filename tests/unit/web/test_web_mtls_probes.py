@@ -12,7 +12,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import wait_until
+from tests.support import wait_until
 from tests.unit.web.test_web_tls import PASSWORD, get, serve, tls, web_file  # noqa: F401  (fixtures)
 
 

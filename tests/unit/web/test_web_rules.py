@@ -17,7 +17,7 @@ import pytest
 from gpu_exporter.web import auth as auth_module
 from gpu_exporter.web.server import Limits, Site, WebServer, accepts_gzip
 from gpu_exporter.web.webconfig import load_web_config
-from tests.conftest import http_get, wait_for
+from tests.support import http_get, wait_for
 
 PAGE = b"gpu_up 1\n" * 200
 Start = Callable[..., WebServer]

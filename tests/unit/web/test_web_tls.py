@@ -20,7 +20,7 @@ from prometheus_client import CollectorRegistry
 
 from gpu_exporter.exposition import Exposition, MetricsServer, native_view
 from gpu_exporter.web.webconfig import load_web_config
-from tests.conftest import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process
+from tests.support import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process
 from tests.support.agent_proc import FAST
 from tests.support.mosquitto import make_tls, wait_until
 from tests.support.tsdb import PrometheusServer

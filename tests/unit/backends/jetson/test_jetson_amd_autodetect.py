@@ -12,9 +12,8 @@ import pytest
 from gpu_exporter.backends import base
 from gpu_exporter.backends.base import BackendError
 from gpu_exporter.config import Config
-from tests.conftest import child_env, promtool_check
 from tests.fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
-from tests.support import paths
+from tests.support import child_env, paths, promtool_check
 
 ROOT = paths.ROOT
 ORIN = ROOT / "tests" / "fixtures" / "jetson" / "orin-jp6"
