@@ -306,7 +306,7 @@ def test_nvidia_node_without_the_nvidia_runtime_fails(
     assert "libnvidia-ml.so.1 not found" in pods[-1].output()
 
 
-AMD_GOLDEN = FIXTURES / "amd" / "mi300x_mi210.prom"
+AMD_GOLDEN = paths.GOLDEN / "amd_mi300x_mi210.prom"
 
 
 def serve_golden(
@@ -375,7 +375,7 @@ JETSON_FAMILIES = (
 
 
 def check_jetson(docs: list[dict[str, Any]], tmp_path: Path, board: str, broker: Broker, pods: list[Pod]) -> str:
-    golden = FIXTURES / "jetson" / board / "metrics.prom"
+    golden = paths.GOLDEN / f"jetson_{board}.prom"
     page, uuid = serve_golden(docs, jetson_node(tmp_path, board), tmp_path, golden, JETSON_FAMILIES, broker, pods)
     # the uuid from the device tree's serial number: the same series as an agent on the host writes
     assert uuid != "jetson-" and not uuid.startswith("jetson-1700")

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import gzip
-import os
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -15,9 +14,7 @@ from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer, n
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
-from tests.support import http_get, paths, promtool_check
-
-GOLDEN = paths.GOLDEN
+from tests.support import check_golden, http_get, promtool_check
 
 
 def fixed_sample(gpus: int = 2, mig: int = 2, config: Config | None = None) -> Sample:
@@ -31,15 +28,8 @@ def fixed_sample(gpus: int = 2, mig: int = 2, config: Config | None = None) -> S
         backend.close()
 
 
-def check_golden(name: str, text: str) -> None:
-    path = GOLDEN / name
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"page differs from {path}; rerun with UPDATE_GOLDEN=1 if intended"
-
-
 def test_golden_page_two_gpus_with_mig() -> None:
-    check_golden("fake_2gpu_2mig.prom", render(fixed_sample(), native_view()))
+    check_golden("nvidia_sim_2gpu_2mig.prom", render(fixed_sample(), native_view()))
 
 
 def test_page_passes_promtool_with_agent_metrics() -> None:

@@ -5,9 +5,6 @@ Set UPDATE_GOLDEN=1 to rewrite the expected pages after an intended change, then
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 
 from gpu_exporter import catalog
@@ -17,16 +14,10 @@ from gpu_exporter.config import Config
 from gpu_exporter.exposition import native_view, render
 from gpu_exporter.model import Sample
 from tests.fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
-from tests.support import paths, promtool_check
+from tests.support import check_golden, paths, promtool_check
 
 FIXTURES = paths.FIXTURES
 BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")
-
-
-def check_golden(path: Path, text: str) -> None:
-    if os.environ.get("UPDATE_GOLDEN"):
-        path.write_text(text)
-    assert text == path.read_text(), f"page differs from {path}; rerun with UPDATE_GOLDEN=1 if intended"
 
 
 def jetson_page(board: str) -> str:
@@ -45,13 +36,13 @@ def amd_page() -> str:
 @pytest.mark.parametrize("board", BOARDS)
 def test_jetson_page_matches_golden_and_passes_promtool(board):
     page = jetson_page(board)
-    check_golden(FIXTURES / "jetson" / board / "metrics.prom", page)
+    check_golden(f"jetson_{board}.prom", page)
     promtool_check(page)
 
 
 def test_amd_page_matches_golden_and_passes_promtool():
     page = amd_page()
-    check_golden(FIXTURES / "amd" / "mi300x_mi210.prom", page)
+    check_golden("amd_mi300x_mi210.prom", page)
     promtool_check(page)
 
 
