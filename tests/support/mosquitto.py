@@ -32,6 +32,7 @@ from gpu_exporter.payload import Batch, PayloadError, decode
 
 from .ports import free_port
 from .procs import stop_process
+from .tls import make_tls
 from .waits import wait_until
 
 __all__ = ["Broker", "Collector", "broker_fixture", "make_tls", "wait_until"]
@@ -233,69 +234,3 @@ class Collector:
         comparing what arrived with what was sent.
         """
         return len(self.seqs(boot).get(boot, ())) >= acknowledged
-
-
-def make_tls(dirpath: Path, client: bool = True) -> dict[str, str]:
-    """A private CA, a server certificate for 127.0.0.1, and a client certificate (openssl CLI)."""
-    d = dirpath
-    d.mkdir(parents=True, exist_ok=True)
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=d)
-
-    run(
-        "req",
-        "-x509",
-        "-newkey",
-        "rsa:2048",
-        "-nodes",
-        "-keyout",
-        "ca.key",
-        "-out",
-        "ca.crt",
-        "-days",
-        "2",
-        "-subj",
-        "/CN=test-ca",
-    )
-    for name, ext in (("server", "subjectAltName=IP:127.0.0.1"), ("client", "extendedKeyUsage=clientAuth")):
-        if name == "client" and not client:
-            continue
-        run(
-            "req",
-            "-newkey",
-            "rsa:2048",
-            "-nodes",
-            "-keyout",
-            f"{name}.key",
-            "-out",
-            f"{name}.csr",
-            "-subj",
-            f"/CN={name}",
-        )
-        (d / f"{name}.ext").write_text(ext + "\n")
-        run(
-            "x509",
-            "-req",
-            "-in",
-            f"{name}.csr",
-            "-CA",
-            "ca.crt",
-            "-CAkey",
-            "ca.key",
-            "-CAcreateserial",
-            "-out",
-            f"{name}.crt",
-            "-days",
-            "2",
-            "-extfile",
-            f"{name}.ext",
-        )
-    os.chmod(d / "server.key", 0o644)
-    return {
-        "ca": str(d / "ca.crt"),
-        "cert": str(d / "server.crt"),
-        "key": str(d / "server.key"),
-        "client_cert": str(d / "client.crt"),
-        "client_key": str(d / "client.key"),
-    }

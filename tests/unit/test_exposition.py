@@ -15,17 +15,7 @@ from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
 from tests.support import check_golden, http_get, promtool_check
-
-
-def fixed_sample(gpus: int = 2, mig: int = 2, config: Config | None = None) -> Sample:
-    sim = SimNvml(gpus=gpus, mig=mig, clock=lambda: 1_700_000_000.0)
-    backend = NvmlBackend(config or Config(disabled_collectors=frozenset({"xid"})), nvml=sim)
-    backend.open()
-    try:
-        backend.read()  # primes GPM
-        return Sample(1, 1_700_000_000.0, tuple(backend.read()))
-    finally:
-        backend.close()
+from tests.support.samples import fixed_sample
 
 
 def test_golden_page_two_gpus_with_mig() -> None:

@@ -11,23 +11,21 @@ import subprocess
 import threading
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gpu_exporter.exposition import Exposition, MetricsServer, native_view
 from gpu_exporter.web.auth import AuthState, BasicAuth, Verdict
 from gpu_exporter.web.authpool import CheckPool
 from gpu_exporter.web.ratelimit import RateLimiter, parse_go_duration
 from gpu_exporter.web.server import ServerCollector
 from gpu_exporter.web.webconfig import load_web_config
 from tests.support import child_env, exporter_cmd
-from tests.support.mosquitto import make_tls, wait_until
-from tests.unit.test_exposition import fixed_sample
+from tests.support.mosquitto import wait_until
+from tests.support.tls import client_cert
+from tests.support.web import bcrypt_hash
 
 
 def _header(user: str | bytes, password: str | bytes) -> str:
@@ -36,8 +34,7 @@ def _header(user: str | bytes, password: str | bytes) -> str:
     return "Basic " + base64.b64encode(raw).decode()
 
 
-def _hash(password: bytes, cost: int = 4) -> str:
-    return bcrypt.hashpw(password, bcrypt.gensalt(cost)).decode()
+_hash = bcrypt_hash
 
 
 # --- the check pool ---
@@ -136,23 +133,6 @@ def test_a_password_that_is_not_utf8_is_checked_as_bytes() -> None:
 # --- the server: rate_limit and the toolkit's keys ---
 
 
-@pytest.fixture
-def serve() -> Iterator[Any]:
-    servers: list[MetricsServer] = []
-
-    def start(web_path: str) -> MetricsServer:
-        exposition = Exposition(CollectorRegistry(), native_view())
-        exposition.update(fixed_sample(mig=0))
-        srv = MetricsServer("127.0.0.1:0", "/metrics", exposition, lambda: (True, "ready"), load_web_config(web_path))
-        srv.start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.stop()
-
-
 def _get(url: str, ctx: ssl.SSLContext | None = None, auth: tuple[str, str] | None = None) -> int:
     headers = {"Authorization": _header(*auth)} if auth else {}
     try:
@@ -192,9 +172,8 @@ def test_rate_limit_lets_exactly_its_burst_through_and_an_idle_hour_refills_no_m
     assert limiter.refused == 3
 
 
-def test_every_key_of_the_exporter_toolkit_is_taken(serve: Any, tmp_path: Path) -> None:
-    tls = make_tls(tmp_path / "tls")
-    sans = _client_cert(tmp_path / "tls", "DNS:scraper.example")
+def test_every_key_of_the_exporter_toolkit_is_taken(serve: Any, tmp_path: Path, tls: dict[str, str]) -> None:
+    sans = client_cert(tls, tmp_path / "san", "DNS:scraper.example")
     indent = "\n" + " " * 4
     cert = indent.join(Path(tls["cert"]).read_text().strip().splitlines())
     key = indent.join(Path(tls["key"]).read_text().strip().splitlines())
@@ -232,19 +211,6 @@ def test_every_key_of_the_exporter_toolkit_is_taken(serve: Any, tmp_path: Path) 
     with pytest.raises((OSError, urllib.error.URLError)):
         _get(url, ctx((tls["client_cert"], tls["client_key"])), ("prometheus", "pw"))
     assert _get(f"https://127.0.0.1:{srv.port}/healthz", ctx(None)) == 200  # probes need no certificate
-
-
-def _client_cert(folder: Path, san: str) -> tuple[str, str]:
-    """A client certificate signed by make_tls's CA with ``san`` as its subject alternative name."""
-
-    def run(*args: str) -> None:
-        subprocess.run(["openssl", *args], check=True, capture_output=True, cwd=folder)
-
-    run("req", "-newkey", "rsa:2048", "-nodes", "-keyout", "san.key", "-out", "san.csr", "-subj", "/CN=san")
-    (folder / "san.ext").write_text(f"extendedKeyUsage=clientAuth\nsubjectAltName={san}\n")
-    run("x509", "-req", "-in", "san.csr", "-CA", "ca.crt", "-CAkey", "ca.key", "-CAcreateserial", "-out", "san.crt",
-        "-days", "2", "-extfile", "san.ext")  # fmt: skip
-    return str(folder / "san.crt"), str(folder / "san.key")
 
 
 @pytest.mark.parametrize(
@@ -313,7 +279,7 @@ def _key(auth: BasicAuth, user: str, password: bytes) -> bytes:
 
 
 def test_a_curve_this_python_cannot_set_gives_way_to_the_next_listed(
-    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, tmp_path: Path, tls: dict[str, str]
 ) -> None:
     """Python 3.10's ssl cannot set X25519: the next listed group is offered, and a list of none fails in one line."""
     real = ssl.SSLContext.set_ecdh_curve
@@ -324,7 +290,6 @@ def test_a_curve_this_python_cannot_set_gives_way_to_the_next_listed(
         real(self, name)
 
     monkeypatch.setattr(ssl.SSLContext, "set_ecdh_curve", like_310)
-    tls = make_tls(tmp_path / "tls")
     web = tmp_path / "web.yml"
     base = f"tls_server_config:\n  cert_file: {tls['cert']}\n  key_file: {tls['key']}\n"
     web.write_text(base + "  curve_preferences: [X25519, CurveP256]\n")

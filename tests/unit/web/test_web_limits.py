@@ -16,7 +16,7 @@ from gpu_exporter.web.server import Limits, accepts_gzip
 from tests.support import http_get
 from tests.support.agent_proc import FAST, Proc
 from tests.support.mosquitto import wait_until
-from tests.unit.test_exposition import fixed_sample
+from tests.support.samples import fixed_sample
 
 
 def _status(pid: int) -> dict[str, int]:

@@ -13,10 +13,11 @@ from typing import Any
 import pytest
 
 from tests.support import wait_until
-from tests.unit.web.test_web_tls import PASSWORD, get, serve, tls, web_file  # noqa: F401  (fixtures)
+from tests.support.tls import make_tls
+from tests.unit.web.test_web_tls import PASSWORD, get, web_file
 
 
-def test_probes_need_no_client_certificate_the_metrics_do(serve: Any, tmp_path: Path, tls: dict[str, str]) -> None:  # noqa: F811
+def test_probes_need_no_client_certificate_the_metrics_do(serve: Any, tmp_path: Path, tls: dict[str, str]) -> None:
     srv = serve(web_file(tmp_path, tls, mtls=True))
     base = f"https://127.0.0.1:{srv.port}"
     mine = (tls["client_cert"], tls["client_key"])
@@ -30,12 +31,10 @@ def test_probes_need_no_client_certificate_the_metrics_do(serve: Any, tmp_path: 
 
 
 def test_a_client_certificate_from_another_ca_is_refused_in_the_handshake(
-    serve: Any,  # noqa: F811
+    serve: Any,
     tmp_path: Path,
-    tls: dict[str, str],  # noqa: F811
+    tls: dict[str, str],
 ) -> None:
-    from tests.support.mosquitto import make_tls
-
     other = make_tls(tmp_path / "other")
     srv = serve(web_file(tmp_path, tls, mtls=True))
     with pytest.raises(OSError):

@@ -10,32 +10,19 @@ import subprocess
 import time
 import urllib.error
 import urllib.request
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import bcrypt
 import pytest
-from prometheus_client import CollectorRegistry
 
-from gpu_exporter.exposition import Exposition, MetricsServer, native_view
-from gpu_exporter.web.webconfig import load_web_config
 from tests.support import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process
 from tests.support.agent_proc import FAST
 from tests.support.mosquitto import make_tls, wait_until
 from tests.support.tsdb import PrometheusServer
-from tests.unit.test_exposition import fixed_sample
+from tests.support.web import bcrypt_hash
 
 PASSWORD = "s3cret-pass"
-
-
-def _hash(password: str = PASSWORD) -> str:
-    return bcrypt.hashpw(password.encode(), bcrypt.gensalt(4)).decode()
-
-
-@pytest.fixture(scope="module")
-def tls(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    return make_tls(tmp_path_factory.mktemp("tls"))
 
 
 def _write(path: Path, text: str) -> str:
@@ -48,7 +35,7 @@ def web_file(tmp_path: Path, tls: dict[str, str], *, users: bool = True, mtls: b
     if mtls:
         text += f"  client_auth_type: RequireAndVerifyClientCert\n  client_ca_file: {tls['ca']}\n"
     if users:
-        text += f"basic_auth_users:\n  prometheus: '{_hash()}'\n"
+        text += f"basic_auth_users:\n  prometheus: '{bcrypt_hash(PASSWORD)}'\n"
     text += "http_server_config:\n  headers:\n    X-Content-Type-Options: nosniff\n"
     return _write(tmp_path / "web.yml", text)
 
@@ -68,23 +55,6 @@ def get(
             return resp.status, resp.read(), resp.headers
     except urllib.error.HTTPError as exc:
         return exc.code, exc.read(), exc.headers
-
-
-@pytest.fixture
-def serve(tmp_path: Path) -> Iterator[Any]:
-    servers: list[MetricsServer] = []
-
-    def start(web_path: str) -> MetricsServer:
-        exposition = Exposition(CollectorRegistry(), native_view())
-        exposition.update(fixed_sample(mig=0))
-        srv = MetricsServer("127.0.0.1:0", "/metrics", exposition, lambda: (True, "ready"), load_web_config(web_path))
-        srv.start()
-        servers.append(srv)
-        return srv
-
-    yield start
-    for srv in servers:
-        srv.stop()
 
 
 def test_https_with_basic_auth_right_wrong_and_missing(serve: Any, tmp_path: Path, tls: dict[str, str]) -> None:
