@@ -5,66 +5,15 @@ passes. Each case is a real pytest session in a subprocess, loading the suite's 
 
 from __future__ import annotations
 
-import os
 import re
-import subprocess
-import sys
 import time
 import uuid
 from pathlib import Path
 
-from tests.support import ROOT, leftovers, wait_for
+from tests.support import wait_for
+from tests.support.inner_session import LEAKY, TIDY, ours, run_session
 
-LEAKY = """
-import subprocess, sys
-
-def test_starts_and_stops():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "TOKEN-stopped"])
-    proc.terminate()
-    proc.wait(10)
-
-def test_forgets_a_child():
-    subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "TOKEN-child"])
-
-def test_starts_a_daemon():
-    # the shell exits at once: its background child is an orphan, re-parented away from the shell
-    subprocess.run(["sh", "-c", sys.executable + " -c 'import time; time.sleep(300)' TOKEN-daemon & exit 0"], check=True)
-"""
-
-TIDY = """
-import subprocess, sys
-
-def test_starts_and_stops():
-    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", "TOKEN-stopped"])
-    proc.terminate()
-    proc.wait(10)
-"""
-
-
-def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedProcess[str]:
-    test_file = tmp_path / "test_inner.py"
-    test_file.write_text(source.replace("TOKEN", token), encoding="utf-8")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "tests.conftest",
-        "-p",
-        "no:cacheprovider",
-        "--rootdir",
-        str(tmp_path),
-        str(test_file),
-    ]
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}  # the suite's conftest alone: a quick start
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
-
-
-def _ours(token: str) -> list[leftovers.Proc]:
-    """This session's descendants whose command line carries ``token`` (an inner session's orphans are
-    re-parented here: this session is a subreaper too)."""
-    return [p for p in leftovers.descendants() if token in p.cmdline and p.state != "Z"]
+_session, _ours = run_session, ours
 
 
 def test_a_process_left_running_fails_the_session_is_named_and_stopped(tmp_path: Path) -> None:

@@ -5,36 +5,18 @@ running. Each case is a real pytest session with two workers in a subprocess."""
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
 import uuid
 from pathlib import Path
 
-from tests.support import ROOT, wait_for
-from tests.unit.support.test_leftovers import LEAKY, TIDY, _ours
+from tests.support import wait_for
+from tests.support.inner_session import LEAKY, TIDY, ours, run_session
+
+_ours = ours
 
 
 def _session(tmp_path: Path, source: str, token: str) -> subprocess.CompletedProcess[str]:
-    test_file = tmp_path / "test_inner.py"
-    test_file.write_text(source.replace("TOKEN", token), encoding="utf-8")
-    cmd = [
-        sys.executable,
-        "-m",
-        "pytest",
-        "-q",
-        "-p",
-        "tests.conftest",
-        "-p",
-        "xdist.plugin",
-        "-p",
-        "no:cacheprovider",
-        "--rootdir",
-        str(tmp_path),
-    ]
-    cmd += ["-n", "2", str(test_file)]
-    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
-    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False)
+    return run_session(tmp_path, source, token, workers=2)
 
 
 def test_a_process_a_worker_left_running_fails_the_session_is_named_and_stopped(tmp_path: Path) -> None:
