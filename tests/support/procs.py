@@ -4,6 +4,7 @@ clean stop by PID."""
 from __future__ import annotations
 
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -110,3 +111,32 @@ class Exporter:
         if self.proc.poll() is None:
             return "(still running)"
         return self.proc.stdout.read().decode(errors="replace")
+
+
+# A child may use at most this much address space: a loader that expands aliases or reads /dev/zero
+# whole fails with MemoryError (a traceback) instead of growing the test machine to gigabytes.
+_MEMORY_CAP = 1 << 30
+
+
+def _cap_memory() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (_MEMORY_CAP, _MEMORY_CAP))
+
+
+def run_cli(*args: str, command: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
+    """``gpu-exporter [COMMAND] ARGS`` to its end (60 s at most, 1 GiB of address space), output as text."""
+    return subprocess.run(
+        exporter_cmd(*command, *args),
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        preexec_fn=_cap_memory,
+    )
+
+
+def one_line_exit_2(result: subprocess.CompletedProcess[str]) -> str:
+    """Bad input's contract: exit status 2, one line on stderr, no traceback; that line."""
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.count("\n") == 1, result.stderr[-2000:]
+    return result.stderr

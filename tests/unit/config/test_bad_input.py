@@ -7,42 +7,15 @@ process silently.
 from __future__ import annotations
 
 import os
-import resource
 import signal
-import subprocess
 from pathlib import Path
 
 import pytest
 
 from gpu_exporter import config as cfg
-from tests.support import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process, wait_until
+from tests.support import free_port, lone_bridge_args, spawn_logged, stop_process, wait_until
 from tests.support.agent_proc import FAST, Proc
-
-# A child may use at most this much address space: a loader that expands aliases or reads /dev/zero
-# whole fails with MemoryError (a traceback) instead of growing the test machine to gigabytes.
-_MEMORY_CAP = 1 << 30
-
-
-def _cap_memory() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (_MEMORY_CAP, _MEMORY_CAP))
-
-
-def run_cli(*args: str, command: tuple[str, ...] = ()) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        exporter_cmd(*command, *args),
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-        preexec_fn=_cap_memory,
-    )
-
-
-def one_line_exit_2(result: subprocess.CompletedProcess[str]) -> str:
-    assert result.returncode == 2, result.stderr[-2000:]
-    assert "Traceback" not in result.stderr
-    assert result.stderr.count("\n") == 1, result.stderr[-2000:]
-    return result.stderr
+from tests.support.procs import one_line_exit_2, run_cli
 
 
 def test_binary_config_file(tmp_path: Path) -> None:

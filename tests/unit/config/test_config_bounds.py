@@ -8,7 +8,7 @@ import pytest
 
 from gpu_exporter import config as cfg
 from gpu_exporter.units import parse_duration
-from tests.unit.config.test_bad_input import one_line_exit_2, run_cli
+from tests.support.procs import one_line_exit_2, run_cli
 
 # option -> (lowest value accepted, a value just below it; None where 0 is allowed)
 LOWEST: dict[str, tuple[str, str | None]] = {

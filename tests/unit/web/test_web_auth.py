@@ -7,7 +7,6 @@ import base64
 import logging
 import secrets
 import ssl
-import subprocess
 import threading
 import urllib.error
 import urllib.request
@@ -22,8 +21,8 @@ from gpu_exporter.web.authpool import CheckPool
 from gpu_exporter.web.ratelimit import RateLimiter, parse_go_duration
 from gpu_exporter.web.server import ServerCollector
 from gpu_exporter.web.webconfig import load_web_config
-from tests.support import child_env, exporter_cmd
 from tests.support.mosquitto import wait_until
+from tests.support.procs import one_line_exit_2, run_cli
 from tests.support.tls import client_cert
 from tests.support.web import bcrypt_hash
 
@@ -230,15 +229,7 @@ def test_every_key_of_the_exporter_toolkit_is_taken(serve: Any, tmp_path: Path, 
 def test_a_key_the_toolkit_does_not_know_is_one_line_and_exit_2(tmp_path: Path, text: str, expected: str) -> None:
     path = tmp_path / "web.yml"
     path.write_text(text)
-    result = subprocess.run(
-        exporter_cmd("--gpu-vendor=fake", f"--web.config.file={path}"),
-        env=child_env(),
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 2, result.stderr
-    assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
+    assert expected in one_line_exit_2(run_cli("--gpu-vendor=fake", f"--web.config.file={path}"))
 
 
 @pytest.mark.parametrize(

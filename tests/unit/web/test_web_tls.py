@@ -16,9 +16,10 @@ from typing import Any
 import bcrypt
 import pytest
 
-from tests.support import child_env, exporter_cmd, free_port, lone_bridge_args, spawn_logged, stop_process
+from tests.support import free_port, lone_bridge_args, spawn_logged, stop_process
 from tests.support.agent_proc import FAST
 from tests.support.mosquitto import make_tls, wait_until
+from tests.support.procs import one_line_exit_2, run_cli
 from tests.support.tsdb import PrometheusServer
 from tests.support.web import bcrypt_hash
 
@@ -172,17 +173,8 @@ def test_a_bad_web_config_file_is_one_line_and_exit_2(
 ) -> None:
     path = _write(tmp_path / "web.yml", text.format(cert=tls["cert"], key=tls["key"]))
     for command in ((), ("bridge", "--mqtt.url=mqtt://127.0.0.1:1", "--remote-write.url=http://127.0.0.1:1/w")):
-        result = subprocess.run(
-            exporter_cmd(
-                *command, "--gpu-vendor=fake" if not command else "--log.level=info", f"--web.config.file={path}"
-            ),
-            env=child_env(),
-            capture_output=True,
-            text=True,
-            timeout=60,
-        )
-        assert result.returncode == 2, result.stderr
-        assert expected in result.stderr and result.stderr.count("\n") == 1, result.stderr
+        option = "--gpu-vendor=fake" if not command else "--log.level=info"
+        assert expected in one_line_exit_2(run_cli(option, f"--web.config.file={path}", command=command))
 
 
 def _serve_https(log_path: Path, ca: str, port: int, probe: str, *args: str) -> subprocess.Popen[bytes]:
