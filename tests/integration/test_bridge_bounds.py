@@ -9,7 +9,6 @@ import os
 import threading
 import time
 import tracemalloc
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -21,7 +20,7 @@ from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 from tests.support.bridge_attacks import bomb, junk_document, local_bridge, peak_rss, rss, value
 from tests.support.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch
-from tests.support.tsdb import MosquittoServer, wait_until
+from tests.support.tsdb import MosquittoServer, mosquitto_fixture, wait_until
 
 MiB = 1 << 20
 
@@ -52,12 +51,7 @@ def _timestamps(rx: ScriptedReceiver, node: str, switch: Switch | None = None) -
     ]
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
-    server = MosquittoServer(tmp_path / "mqtt")
-    server.start()
-    yield server
-    server.stop()
+broker = mosquitto_fixture()
 
 
 @pytest.mark.integration

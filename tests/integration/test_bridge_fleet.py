@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import signal
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -17,18 +16,13 @@ from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch, columns, encode
 from tests.support.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch
 from tests.support.tcp_proxy import TcpProxy
-from tests.support.tsdb import MosquittoServer, VictoriaMetricsServer, victoria_fixture, wait_until
+from tests.support.tsdb import MosquittoServer, VictoriaMetricsServer, mosquitto_fixture, victoria_fixture, wait_until
 from tests.unit.forward.test_forward_summary import decode_labels
 
 victoria = victoria_fixture()
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
-    server = MosquittoServer(tmp_path / "mqtt")
-    server.start()
-    yield server
-    server.stop()
+broker = mosquitto_fixture()
 
 
 def _ok(n: int) -> tuple[int, bytes, dict[str, str]]:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -19,6 +18,7 @@ from tests.support.tsdb import (
     MosquittoServer,
     PrometheusServer,
     VictoriaMetricsServer,
+    mosquitto_fixture,
     prometheus_fixture,
     victoria_fixture,
     wait_until,
@@ -27,12 +27,7 @@ from tests.support.tsdb import (
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture
-def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
-    server = MosquittoServer(tmp_path / "mqtt")
-    server.start()
-    yield server
-    server.stop()
+broker = mosquitto_fixture()
 
 
 victoria = victoria_fixture()

@@ -218,6 +218,19 @@ def prometheus_fixture(ooo_window: str) -> Any:
     return prometheus
 
 
+def mosquitto_fixture() -> Any:
+    """A fixture named ``broker``: a plain real Mosquitto of the test's own."""
+
+    @pytest.fixture
+    def broker(tmp_path: Path) -> Iterator[MosquittoServer]:
+        server = MosquittoServer(tmp_path / "mqtt")
+        server.start()
+        yield server
+        server.stop()
+
+    return broker
+
+
 def victoria_fixture() -> Any:
     """A module-scoped fixture named ``victoria``: one real VictoriaMetrics."""
 
