@@ -214,7 +214,7 @@ def exporter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
         "--node-name=edge-1",
         "--k8s.pod-attribution=true",
         f"--path.procfs={proc}",
-        f"--k8s.pod-logs-path={Path(__file__).parent / 'fixtures' / 'k8s' / 'var' / 'log' / 'pods'}",
+        f"--k8s.pod-logs-path={paths.FIXTURES / 'k8s' / 'var' / 'log' / 'pods'}",
         f"--k8s.kubelet-socket={tmp_path / 'none.sock'}",
         *request.param,
     ]
