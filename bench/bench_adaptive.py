@@ -9,7 +9,7 @@ bytes   Codec level, real payloads: 8 GPUs of the simulated NVML library read by
         last per counter) of 30 s to 8 min windows; then the model of a 24 h outage on a 2 kB/s link:
         the batches the forwarder spools (spans doubling from 30 s to 8 min while the broker is away),
         the summaries of them that go first on reconnect, and how long each takes at 2 kB/s.
-fresh   Real processes: the forwarder with 8 simulated GPUs, tests/tcp_proxy.py, Mosquitto, the bridge,
+fresh   Real processes: the forwarder with 8 simulated GPUs, tests/support/tcp_proxy.py, Mosquitto, the bridge,
         VictoriaMetrics. Time from a planted 3-sample spike until the TSDB shows it, in batch intervals:
         as a summary's max on a link of 2/3 of what full resolution needs (the issue's 200 B/s against
         about 300 B/s), and, as the baseline, as a raw sample on an unshaped link.
@@ -19,7 +19,7 @@ outage  The same processes: a 20 s outage (200 samples), then the time until the
         is short next to a 6.25x link (it drains in two batch intervals, so no summaries go first);
         the 24 h figure is the model of the bytes part, from real payloads.
 
-The runs are scaled as tests/test_forward_weak_link.py is: ten times faster (a sample every 0.1 s, a
+The runs are scaled as tests/integration/test_forward_weak_link.py is: ten times faster (a sample every 0.1 s, a
 batch every 3 s) and ten times the bytes per second, so every batch carries the bytes it would at full
 scale; times in batch intervals are the same at both scales, seconds are multiplied by ten.
 """
@@ -39,11 +39,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from prometheus_client import CollectorRegistry  # noqa: E402
-from tests.bridge_helpers import BridgeProcess  # noqa: E402
-from tests.mosquitto import Collector  # noqa: E402
-from tests.tcp_proxy import TcpProxy  # noqa: E402
-from tests.test_forward_weak_link import Sampler  # noqa: E402
-from tests.tsdb import MosquittoServer, VictoriaMetricsServer, wait_until  # noqa: E402
+from tests.integration.test_forward_weak_link import Sampler  # noqa: E402
+from tests.support.bridge_helpers import BridgeProcess  # noqa: E402
+from tests.support.mosquitto import Collector  # noqa: E402
+from tests.support.tcp_proxy import TcpProxy  # noqa: E402
+from tests.support.tsdb import MosquittoServer, VictoriaMetricsServer, wait_until  # noqa: E402
 
 from gpu_exporter import config as cfg  # noqa: E402
 from gpu_exporter.backends.fake.backend import SimNvml  # noqa: E402

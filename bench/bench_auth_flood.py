@@ -2,7 +2,7 @@
 wrong password takes for a known and for an unknown user.
 
 The real exporter process (simulated GPUs, ``--gpu-vendor=fake``) with a web config holding one user
-whose bcrypt hash has cost 12; the flood (tests/web_flood.py) is a child process of ``--clients`` threads,
+whose bcrypt hash has cost 12; the flood (tests/support/web_flood.py) is a child process of ``--clients`` threads,
 each a keep-alive HTTP client sending a fresh random wrong password for that user as fast as it is
 answered; beside it, Prometheus-style scrapes with the right password every second on a fresh connection
 (10 s timeout). The first scrape of each run comes during the flood, against a fresh exporter: its
@@ -28,8 +28,8 @@ sys.path.insert(0, str(ROOT / "src"))
 sys.path.insert(0, str(ROOT))
 
 import bcrypt  # noqa: E402
-from tests.conftest import child_env, exporter_cmd, free_port, http_get, stop_process  # noqa: E402
-from tests.web_flood import flood, queued_checks, wrong_password_times  # noqa: E402
+from tests.support import child_env, exporter_cmd, free_port, http_get, stop_process  # noqa: E402
+from tests.support.web_flood import flood, queued_checks, wrong_password_times  # noqa: E402
 
 PASSWORD = "right-password-for-the-bench"
 

@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.bridge_attacks import bomb, info_flood, junk_document, peak_rss, rss, series_flood  # noqa: E402
-from tests.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch  # noqa: E402
-from tests.tsdb import MosquittoServer, PrometheusServer, http_get, wait_until  # noqa: E402
+from tests.support.bridge_attacks import bomb, info_flood, junk_document, peak_rss, rss, series_flood  # noqa: E402
+from tests.support.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch  # noqa: E402
+from tests.support.tsdb import MosquittoServer, PrometheusServer, http_get, wait_until  # noqa: E402
 
 from gpu_exporter import config as cfg  # noqa: E402
 from gpu_exporter.payload import encode  # noqa: E402

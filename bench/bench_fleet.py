@@ -1,7 +1,7 @@
 """The fleet bench: N simulated 8-GPU nodes through a real Mosquitto into real bridges and VictoriaMetrics.
 
 Every node has its own MQTT 5 connection and publishes what the agent publishes (fleet_nodes.py,
-fleet_wire.py, fleet_payloads.py; tests/test_bench_fleet_wire.py checks the bytes against the agent's own
+fleet_wire.py, fleet_payloads.py; tests/unit/bench/test_bench_fleet_wire.py checks the bytes against the agent's own
 client and encoder): 24-sample batches of the simulated H100 backend, QoS 1, send-time properties,
 retained status; one connection per node, phases spread over the interval. The bridges are `gpu-exporter
 bridge` processes (this worktree's by default) with default options; VictoriaMetrics runs without dedup,

@@ -6,7 +6,7 @@
 
 Each rate is one edge node: the exporter CLI on 8 simulated GPUs read every second, 10 s batches, the
 default MQTT keepalive (30 s), in a network namespace whose uplink and downlink are shaped by ``tc tbf``
-at that many bytes per second (tests/netns.py: one 1600-byte frame of burst, every frame counted with its
+at that many bytes per second (tests/support/netns.py: one 1600-byte frame of burst, every frame counted with its
 headers); a real Mosquitto, the real bridge, and a real VictoriaMetrics shared by all rates. Nothing is
 scaled: the link's real rate, real time.
 
@@ -34,9 +34,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.netns import netns_unavailable  # noqa: E402
-from tests.tsdb import VictoriaMetricsServer  # noqa: E402
-from tests.weak_link_rig import Rig  # noqa: E402
+from tests.support.netns import netns_unavailable  # noqa: E402
+from tests.support.tsdb import VictoriaMetricsServer  # noqa: E402
+from tests.support.weak_link_rig import Rig  # noqa: E402
 
 
 def run_rate(

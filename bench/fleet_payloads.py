@@ -14,7 +14,7 @@ a counter that goes backwards), and neighbours differ; the serialisation and com
 agent's, per message. Past ``count - 16`` batches of one node a counter would go back once.
 
 ``Templates.samples`` gives the ``Sample`` objects a message stands for, so that
-tests/test_bench_fleet_wire.py can check that the payload equals the agent's own ``encode`` of them.
+tests/unit/bench/test_bench_fleet_wire.py can check that the payload equals the agent's own ``encode`` of them.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ and hundreds of Python calls per packet), so the bench writes the few packets an
 CONNECT (clean start, keepalive, Maximum Packet Size, a retained QoS 1 last will ``offline``), the
 retained QoS 1 status ``online``, QoS 1 PUBLISH of a batch stamped with the send time
 (``mqtt/sendtime.py``: Message Expiry Interval, then the user property ``sent``, in paho's order),
-PINGREQ and DISCONNECT. tests/test_bench_fleet_wire.py checks these bytes against what the agent's own
+PINGREQ and DISCONNECT. tests/unit/bench/test_bench_fleet_wire.py checks these bytes against what the agent's own
 ``Link`` (paho) puts on the wire for the same node, payload and clock.
 """
 

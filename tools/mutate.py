@@ -54,7 +54,7 @@ MUTANTS: tuple[Mutant, ...] = (
             '    if not isinstance(value, list):\n        raise PayloadError(f"{where} must be an array, not {_jtype(value)}")\n'
             "    out: list[int] = []\n",
             "    out: list[int] = []\n",
-            ("tests/test_forward_batch.py",),
+            ("tests/unit/payload/test_forward_batch.py",),
             "seq/time_ms not checked to be arrays: a number there raises TypeError inside the decoder",
         ),
         Mutant(
@@ -62,7 +62,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/payload/document.py",
             "        deltas = deltas[:1] + list(itertools.accumulate(deltas[1:]))\n",
             "        deltas = list(itertools.accumulate(deltas))\n",
-            ("tests/test_forward_batch.py",),
+            ("tests/unit/payload/test_forward_batch.py",),
             "second-order deltas undone from the wrong start: smooth columns decode to wrong values",
         ),
         Mutant(
@@ -70,7 +70,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/payload/encode.py",
             '        if sign < 0:\n            ref["sign"] = -1\n',
             "",
-            ("tests/test_forward_batch.py",),
+            ("tests/unit/payload/test_forward_batch.py",),
             "a column moving against an earlier one (memory free vs used) is encoded as moving with it",
         ),
         Mutant(
@@ -86,7 +86,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/payload/columns.py",
             "            if not col:\n                continue\n            form = col[0]\n",
             "            form = col[0]\n",
-            ("tests/test_bridge_columns.py", "tests/test_bridge_fuzz.py"),
+            ("tests/unit/payload/test_bridge_columns.py", "tests/unit/bridge/test_bridge_fuzz.py"),
             "an empty array column raises IndexError in the reader instead of a refusal",
         ),
         Mutant(
@@ -94,7 +94,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/payload/columns.py",
             "            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas\n",
             "            deltas = list(accumulate(deltas))\n",
-            ("tests/test_bridge_columns.py",),
+            ("tests/unit/payload/test_bridge_columns.py",),
             "the fast path undoes second-order deltas wrongly: the bridge writes wrong values",
         ),
     ),
@@ -105,7 +105,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/spool.py",
             "            if (entry == keep and len(self._index) > 1) or entry.key in self.pinned:\n",
             "            if entry == keep and len(self._index) > 1:\n",
-            ("tests/test_forward_spool.py",),
+            ("tests/unit/forward/test_forward_spool.py",),
             "the byte cap drops a batch the broker is acknowledging: counted as lost and as delivered",
         ),
         Mutant(
@@ -113,7 +113,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/spool_faults.py",
             "        if not self._refusing or now - self._logged_at >= LOG_EVERY:\n",
             "        if True:\n",
-            ("tests/test_forward_spool.py",),
+            ("tests/unit/forward/test_forward_spool.py",),
             "a full disk logs one line per refused batch instead of one",
         ),
     ),
@@ -124,7 +124,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/sender.py",
             "        if not ok:\n            self.metrics.publish_errors.inc()\n",
             "        if False:\n            self.metrics.publish_errors.inc()\n",
-            ("tests/test_forward_paths.py",),
+            ("tests/integration/test_forward_paths.py",),
             "a batch the broker refused is deleted from the spool as if acknowledged",
         ),
         Mutant(
@@ -132,7 +132,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/sender.py",
             "        self._tokens = min(max(1.0, rate), self._tokens + (now - self._tokens_at) * rate)\n",
             "        self._tokens = self._tokens + (now - self._tokens_at) * rate\n",
-            ("tests/test_forward_paths.py",),
+            ("tests/integration/test_forward_paths.py",),
             "after a pause the replay rate's tokens pile up: the backlog goes out in one burst",
         ),
         Mutant(
@@ -140,7 +140,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/service.py",
             "                self.spool.forget_journal([key])\n",
             "",
-            ("tests/test_forward_paths.py",),
+            ("tests/integration/test_forward_paths.py",),
             "a corrupt journal entry stays in the spool and is counted again at every start",
         ),
         Mutant(
@@ -148,7 +148,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/service.py",
             "        if len(b.samples) >= self.config.mqtt_batch_max_samples:\n",
             "        if len(b.samples) > self.config.mqtt_batch_max_samples:\n",
-            ("tests/test_forward_paths.py",),
+            ("tests/integration/test_forward_paths.py",),
             "a batch closes one sample after --mqtt.batch-max-samples",
         ),
         # the six kinds of change that close the open batch at once (an alert waits for them): the
@@ -159,7 +159,7 @@ MUTANTS: tuple[Mutant, ...] = (
                 f"src/gpu_exporter/catalog/{module}",
                 f"{context}{' ' * indent}event=True,\n",
                 context,
-                ("tests/test_batch_events.py",),
+                ("tests/unit/forward/test_batch_events.py",),
                 f"a change of {key} no longer closes the batch at once: its alert waits for the batch interval",
             )
             for key, module, context, indent in (
@@ -189,7 +189,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/summary.py",
             '                out[(f"{key}:max", labels)] = st.high\n',
             '                out[(f"{key}:max", labels)] = st.last\n',
-            ("tests/test_forward_summary.py",),
+            ("tests/unit/forward/test_forward_summary.py",),
             "a summary's max is the window's last value: a spike inside the window is lost",
         ),
         Mutant(
@@ -197,7 +197,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/link_meter.py",
             "            busy -= min(latency, rtt)\n",
             "            busy -= 0.0\n",
-            ("tests/test_forward_summary.py",),
+            ("tests/unit/forward/test_forward_summary.py",),
             "a batch sent alone counts the round trip as transfer time: a far but fast link looks weak",
         ),
         Mutant(
@@ -205,7 +205,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/adaptive.py",
             "        return bool(rate) and (self.meter.inflight_bytes() + size) / rate <= 0.8 * until_next\n",
             "        return True\n",
-            ("tests/test_forward_summary.py",),
+            ("tests/unit/forward/test_forward_summary.py",),
             "on a weak link full-resolution batches fill the link and the next summary waits behind them",
         ),
         Mutant(
@@ -213,7 +213,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/adaptive.py",
             "        if span < self.interval or self._pending is not None or self._fresh or self._delivery is not None:\n",
             "        if span < self.interval:\n",
-            ("tests/test_summary_window.py", "tests/test_forward_summary.py"),
+            ("tests/unit/forward/test_summary_window.py", "tests/unit/forward/test_forward_summary.py"),
             "a window closes every interval while the link still carries the last summary: they queue, the cloud falls behind",
         ),
         Mutant(
@@ -221,7 +221,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/adaptive.py",
             "        span = window.last.timestamp - self._start\n        if span < self.interval",
             "        span = window.last.timestamp - self._start\n        if span < max(self.interval, self.window_s)",
-            ("tests/test_summary_window.py",),
+            ("tests/unit/forward/test_summary_window.py",),
             "once widened, the summary window stays wide after the link recovers",
         ),
         Mutant(
@@ -229,7 +229,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/forward/summary.py",
             "            mean = math.fsum(r[2] * r[3] for r in rows) / (sum(r[3] for r in rows) or 1.0)\n",
             "            mean = math.fsum(r[2] for r in rows) / len(rows)\n",
-            ("tests/test_forward_summary.py::test_merged_windows_keep_the_extremes_and_weigh_the_means_by_window",),
+            (
+                "tests/unit/forward/test_forward_summary.py::test_merged_windows_keep_the_extremes_and_weigh_the_means_by_window",
+            ),
             "merged backlog windows average their means without weighing them by window length",
         ),
         Mutant(
@@ -237,7 +239,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/summaries.py",
             '        if stat != "last" or not _gauge(base):\n',
             '        if stat != "last":\n',
-            ("tests/test_forward_summary.py", "tests/test_bridge_summaries.py"),
+            ("tests/unit/forward/test_forward_summary.py", "tests/integration/test_bridge_summaries.py"),
             "the bridge writes a counter's last value as its min, max and mean too: _max series of counters appear",
         ),
     ),
@@ -248,7 +250,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/sender.py",
             "            wait = max(delay, retry_after or 0.0)\n",
             "            wait = delay\n",
-            ("tests/test_bridge_sender.py", "tests/test_bridge_paths.py"),
+            ("tests/integration/test_bridge_sender.py", "tests/unit/bridge/test_bridge_paths.py"),
             "a 429's Retry-After is ignored: the bridge hammers a receiver that asked it to wait",
         ),
         Mutant(
@@ -256,7 +258,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/sender.py",
             "            wait = min(wait, self._backoff_max) * random.uniform(0.8, 1.0)\n",
             "            wait = wait * random.uniform(0.8, 1.0)\n",
-            ("tests/test_bridge_paths.py",),
+            ("tests/unit/bridge/test_bridge_paths.py",),
             "a receiver's Retry-After of an hour stalls the whole fleet's stream past --remote-write.max-backoff",
         ),
         Mutant(
@@ -264,7 +266,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/sender.py",
             "        if verdict.ordered and newer_all_refused:\n",
             "        if verdict.ordered:\n",
-            ("tests/test_bridge_sender.py",),
+            ("tests/integration/test_bridge_sender.py",),
             "after a 'too old' refusal the older half is dropped even though the newer half was written",
         ),
         Mutant(
@@ -272,7 +274,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             "if seqs[i] not in taken]\n",
             "if seqs[i] in taken]\n",
-            ("tests/test_bridge_fuzz.py",),
+            ("tests/unit/bridge/test_bridge_fuzz.py",),
             "every fresh sample is taken for a replay and never written",
         ),
         Mutant(
@@ -280,7 +282,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             '    stream = batch.boot + "/summary" if batch.summary_ms else batch.boot\n',
             "    stream = batch.boot\n",
-            ("tests/test_bridge_summaries.py",),
+            ("tests/integration/test_bridge_summaries.py",),
             "summaries share the raw samples' replay memory: the full resolution that follows them is dropped",
         ),
         Mutant(
@@ -294,7 +296,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "            self.dedup.mark(batch.node, _stream(batch), batch.seqs if keep is None else [batch.seqs[i] for i in keep])\n"
             "        outcome = self._writer.write(converted.series)\n"
             "        now = time.time()\n",
-            ("tests/test_bridge_replays.py::test_a_write_that_failed_does_not_count_its_samples_as_written",),
+            (
+                "tests/unit/bridge/test_bridge_replays.py::test_a_write_that_failed_does_not_count_its_samples_as_written",
+            ),
             "a message is marked as written before its remote write: after a failed write the one-by-one retry "
             "takes every sample for a replay (72 samples -> 0)",
         ),
@@ -304,7 +308,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "                msgs.append(self._queue.get(timeout=min(left, 0.2)))\n",
             "                msgs.append(self._queue.get(timeout=min(left, 0.2)))\n"
             "                deadline = time.monotonic() + self.settings.linger\n",
-            ("tests/test_bridge_fleet.py::test_a_steady_stream_is_written_every_linger_not_held_until_it_stops",),
+            (
+                "tests/integration/test_bridge_fleet.py::test_a_steady_stream_is_written_every_linger_not_held_until_it_stops",
+            ),
             "the linger starts again with each message: a steady stream is held until it pauses",
         ),
         Mutant(
@@ -313,7 +319,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        deadline = time.monotonic() + self.settings.linger\n",
             "        deadline = time.monotonic()\n",
             (
-                "tests/test_bridge_fleet.py::"
+                "tests/integration/test_bridge_fleet.py::"
                 "test_messages_arriving_one_at_a_time_within_the_linger_are_written_together",
             ),
             "--bridge.write-linger ignored: one remote write per message of a fleet",
@@ -324,7 +330,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        loaded = journal.load(self.dedup)\n",
             "        loaded = 0\n",
             (
-                "tests/test_bridge_fleet.py::"
+                "tests/integration/test_bridge_fleet.py::"
                 "test_a_bridge_killed_before_its_acknowledgements_arrived_writes_nothing_twice_after_its_restart",
             ),
             "a restarted bridge forgets what it wrote: what its session delivers again is written twice",
@@ -334,7 +340,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             "        if batch.node in admitted or self._converter.knows(batch.node):\n",
             "        if self._converter.knows(batch.node):\n",
-            ("tests/test_bridge_fleet.py::test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token",),
+            (
+                "tests/integration/test_bridge_fleet.py::test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token",
+            ),
             "each coalesced batch of a new node takes a new-name token: the rest of its batches are refused",
         ),
         Mutant(
@@ -343,7 +351,7 @@ MUTANTS: tuple[Mutant, ...] = (
             'p.replace(b"%", b"%%")',
             "p",
             (
-                "tests/test_bridge_fleet.py::"
+                "tests/integration/test_bridge_fleet.py::"
                 "test_labels_composed_from_shared_recipes_are_exactly_the_series_labels_even_with_percent_signs",
             ),
             "a '%' in a label value (or a 37-byte field) breaks the composed labels",
@@ -353,7 +361,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/clock.py",
             "        kept = [i for i in positions if 0 <= times[i] <= now_ms]\n",
             "        kept = [i for i in positions if times[i] <= now_ms]\n",
-            ("tests/test_bridge_timestamps.py",),
+            ("tests/unit/bridge/test_bridge_timestamps.py",),
             "samples stamped before 1970 are counted as refused but written all the same",
         ),
         Mutant(
@@ -362,7 +370,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "                offset = math.ceil(skew / 1000) * 1000\n",
             "                offset = round(skew / 1000) * 1000\n",
             (
-                "tests/test_bridge_timestamps.py::"
+                "tests/unit/bridge/test_bridge_timestamps.py::"
                 "test_a_lead_of_a_fraction_of_a_second_is_corrected_by_whole_seconds_up_never_into_the_future",
             ),
             "a skewed node's correction is rounded to the nearest second: its newest samples can land in the future",
@@ -372,7 +380,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/clock.py",
             "        held_ms = (sendtime.EXPIRY_S - remaining) * 1000\n",
             "        held_ms = 0\n",
-            ("tests/test_bridge_trust.py",),
+            ("tests/unit/bridge/test_bridge_trust.py",),
             "a batch the broker held for minutes makes its node look minutes behind: healthy nodes get corrected",
         ),
     ),
@@ -383,7 +391,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/dedup.py",
             "            del self.los[: len(self.los) - max_ranges]\n            del self.his[: len(self.his) - max_ranges]\n",
             "            del self.los[max_ranges:]\n            del self.his[max_ranges:]\n",
-            ("tests/test_bridge_replays.py::test_a_recent_replay_is_written_once_however_many_gaps_came_before",),
+            (
+                "tests/unit/bridge/test_bridge_replays.py::test_a_recent_replay_is_written_once_however_many_gaps_came_before",
+            ),
             "over the range cap the newest ranges are dropped: a recent replay is written twice",
         ),
         Mutant(
@@ -392,7 +402,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        i = bisect.bisect_left(self.his, lo - 1)  # first range that could touch\n",
             "        i = bisect.bisect_left(self.his, lo)  # first range that could touch\n",
             (
-                "tests/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
+                "tests/unit/bridge/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
             ),
             "consecutive batches stay separate ranges: a steady node fills the range cap and old replays are rewritten",
         ),
@@ -402,7 +412,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "            else:\n                self._streams.move_to_end(key)\n",
             "            else:\n                pass\n",
             (
-                "tests/test_bridge_replays.py::test_a_busy_node_keeps_its_replay_memory_while_idle_nodes_are_forgotten_first",
+                "tests/unit/bridge/test_bridge_replays.py::test_a_busy_node_keeps_its_replay_memory_while_idle_nodes_are_forgotten_first",
             ),
             "the stream cap forgets the oldest node, not the least recently written: a busy node's replays are rewritten",
         ),
@@ -412,7 +422,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "        return i >= 0 and seq <= self.his[i]\n",
             "        return i >= 0 and seq < self.his[i]\n",
             (
-                "tests/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
+                "tests/unit/bridge/test_bridge_replays.py::test_consecutive_batches_are_one_range_so_nothing_of_a_long_run_is_forgotten",
             ),
             "the last sample of every written range is not recognised as a replay",
         ),
@@ -424,7 +434,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/server.py",
             "            return min(waiting, key=lambda c: (not c.refused, c.since))\n",
             "            return min(waiting, key=lambda c: (not c.refused, -c.since))\n",
-            ("tests/test_web_rules.py::test_at_the_cap_the_connection_waiting_longest_makes_room_not_the_newest",),
+            (
+                "tests/unit/web/test_web_rules.py::test_at_the_cap_the_connection_waiting_longest_makes_room_not_the_newest",
+            ),
             "at the connection cap the newest waiting connection is closed instead of the oldest",
         ),
         Mutant(
@@ -433,8 +445,8 @@ MUTANTS: tuple[Mutant, ...] = (
             "    chosen = best if best is not None else star\n",
             "    chosen = best or star\n",
             (
-                "tests/test_web_rules.py::test_accept_encoding_a_named_gzip_beats_the_wildcard",
-                "tests/test_web_rules.py::test_gzip_refused_by_name_is_not_sent_whatever_the_wildcard_says",
+                "tests/unit/web/test_web_rules.py::test_accept_encoding_a_named_gzip_beats_the_wildcard",
+                "tests/unit/web/test_web_rules.py::test_gzip_refused_by_name_is_not_sent_whatever_the_wildcard_says",
             ),
             "Accept-Encoding 'gzip;q=0, *' is answered with gzip",
         ),
@@ -443,7 +455,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/server.py",
             "        if path not in OPEN_PATHS and not self._admitted(srv):\n",
             "        if not self._admitted(srv):\n",
-            ("tests/test_web_tls.py::test_https_with_basic_auth_right_wrong_and_missing",),
+            ("tests/unit/web/test_web_tls.py::test_https_with_basic_auth_right_wrong_and_missing",),
             "with basic auth on, /healthz and /readyz want credentials: the kubelet's probes fail",
         ),
         Mutant(
@@ -451,7 +463,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/server.py",
             "            self.close_connection = True  # never read a body as the next request\n",
             "            pass  # never read a body as the next request\n",
-            ("tests/test_web_limits.py::test_a_request_body_is_not_read_as_a_further_request",),
+            ("tests/unit/web/test_web_limits.py::test_a_request_body_is_not_read_as_a_further_request",),
             "a request body is read as a further request (request smuggling past the auth of the first)",
         ),
         Mutant(
@@ -459,7 +471,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/server.py",
             "            late = [c for c in self._conns.values() if c.deadline < now]\n",
             "            late = [c for c in self._conns.values() if c.waiting and c.deadline < now]\n",
-            ("tests/test_web_rules.py::test_clients_that_stop_reading_their_answer_lose_their_slots",),
+            ("tests/unit/web/test_web_rules.py::test_clients_that_stop_reading_their_answer_lose_their_slots",),
             "a client that stops reading its answer holds a connection slot (and a thread) for ever",
         ),
     ),
@@ -471,7 +483,7 @@ MUTANTS: tuple[Mutant, ...] = (
             '    user, sep, password = decoded.partition(b":")\n',
             '    user, sep, password = decoded.rpartition(b":")\n',
             (
-                "tests/test_web_rules.py::test_a_password_with_colons_is_accepted_and_only_the_first_colon_ends_the_user",
+                "tests/unit/web/test_web_rules.py::test_a_password_with_colons_is_accepted_and_only_the_first_colon_ends_the_user",
             ),
             "a basic-auth password containing ':' is refused",
         ),
@@ -480,7 +492,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/auth.py",
             '        msg = b"%d:%d:%d:" % (known, len(user), len(hashed)) + user + hashed + password\n',
             '        msg = b"%d:%d:%d:" % (known, len(user), len(hashed)) + user + hashed\n',
-            ("tests/test_web_tls.py::test_a_checked_pair_is_remembered_right_or_wrong",),
+            ("tests/unit/web/test_web_tls.py::test_a_checked_pair_is_remembered_right_or_wrong",),
             "after one good login the user's credentials are cached by name: any password passes",
         ),
         Mutant(
@@ -488,7 +500,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/web/auth.py",
             '    if not authorization or authorization[:6].lower() != "basic ":\n',
             '    if not authorization or authorization[:6] != "Basic ":\n',
-            ("tests/test_web_rules.py::test_the_auth_scheme_is_case_insensitive",),
+            ("tests/unit/web/test_web_rules.py::test_the_auth_scheme_is_case_insensitive",),
             "an Authorization header with the scheme in lower case ('basic ...') is refused",
         ),
     ),
@@ -499,7 +511,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/health.py",
             "                level = max(level, WARNING)\n",
             "                level = WARNING\n",
-            ("tests/test_health_levels.py",),
+            ("tests/unit/backends/test_health_levels.py",),
             "a warning XID after a failure XID turns gpu_health{subsystem=xid} from failure to warning",
         ),
         Mutant(
@@ -507,7 +519,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/health.py",
             "            if count > state.xid_counts.get(code, 0.0) and code.isdigit():\n",
             "            if count > 0 and code not in state.xid_counts and code.isdigit():\n",
-            ("tests/test_health_levels.py",),
+            ("tests/unit/backends/test_health_levels.py",),
             "an XID that happens again does not renew its hour: the GPU looks healthy while it keeps failing",
         ),
         Mutant(
@@ -515,7 +527,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/health.py",
             "                        rates[key] = max(0.0, value - old[key]) / span\n",
             "                        rates[key] = abs(value - old[key]) / span\n",
-            ("tests/test_health_levels.py",),
+            ("tests/unit/backends/test_health_levels.py",),
             "a counter reset (driver reload) reads as a burst of PCIe replays or throttling",
         ),
         Mutant(
@@ -523,7 +535,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/health.py",
             '    if present.get("remapped_rows_failure", 0.0) > 0 or retired >= RETIRED_PAGES_FAILURE:\n',
             '    if present.get("remapped_rows_failure", 0.0) > 0 or retired > RETIRED_PAGES_FAILURE:\n',
-            ("tests/test_health_levels.py",),
+            ("tests/unit/backends/test_health_levels.py",),
             "memory health fails one retired page later than documented",
         ),
         Mutant(
@@ -531,7 +543,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/_calls.py",
             "        if not live.up and now < live.retry_at:\n",
             "        if False:\n",
-            ("tests/test_nvml_backend.py",),
+            ("tests/unit/backends/nvidia/test_nvml_backend.py",),
             "a lost GPU is asked every cycle during its backoff (each call can hang for seconds)",
         ),
     ),
@@ -542,7 +554,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/k8s/podresources.py",
             '        return parent == device.parent_uuid and rest == f"{device.gpu_instance}/{device.compute_instance}"\n',
             '        return parent == device.parent_uuid and rest.split("/")[0] == device.gpu_instance\n',
-            ("tests/test_k8s_identity.py",),
+            ("tests/unit/k8s/test_k8s_identity.py",),
             "MIG-GPU-<uuid>/<gi>/<ci> matches every compute instance of the GPU instance: pods share each other's series",
         ),
         Mutant(
@@ -550,7 +562,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/k8s/podresources.py",
             '    base = device_id.split("::", 1)[0]  # time-slicing replica <id>::<n>\n',
             "    base = device_id  # time-slicing replica <id>::<n>\n",
-            ("tests/test_k8s_sources.py::test_device_ids_match_gpus_mig_instances_and_replicas",),
+            ("tests/unit/k8s/test_k8s_sources.py::test_device_ids_match_gpus_mig_instances_and_replicas",),
             "time-slicing replicas (GPU-x::1) match no GPU: pods sharing a GPU are not named",
         ),
         Mutant(
@@ -558,7 +570,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/backends/jetson/procs.py",
             "        self._quiet = quiet  # exited PIDs drop out\n",
             "        self._quiet.update(quiet)  # exited PIDs drop out\n",
-            ("tests/test_k8s_identity.py::test_a_jetson_pid_that_comes_back_holding_the_gpu_is_seen_at_once",),
+            ("tests/unit/k8s/test_k8s_identity.py::test_a_jetson_pid_that_comes_back_holding_the_gpu_is_seen_at_once",),
             "a Jetson PID that exits and comes back as a GPU process is skipped as the old quiet one",
         ),
         Mutant(
@@ -566,7 +578,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/k8s/attribution.py",
             "            del self._pids[pid]  # exited: its PID may be reused by another pod's process\n",
             "            pass  # exited: its PID may be reused by another pod's process\n",
-            ("tests/test_k8s_pid_reuse.py",),
+            ("tests/unit/k8s/test_k8s_pid_reuse.py",),
             "a reused PID keeps the pod of the process that had it before",
         ),
         Mutant(
@@ -574,7 +586,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/k8s/energy.py",
             "        if energy is not None and previous_energy is not None and energy >= previous_energy:\n",
             "        if energy is not None and previous_energy is not None:\n",
-            ("tests/test_k8s_energy.py",),
+            ("tests/unit/k8s/test_k8s_energy.py",),
             "an energy counter that resets (driver reload) gives the interval no energy instead of power x time",
         ),
     ),
@@ -585,7 +597,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/config/parsers.py",
             "        if not low <= seconds <= high:\n",
             "        if seconds > high:\n",
-            ("tests/test_config_bounds.py",),
+            ("tests/unit/config/test_config_bounds.py",),
             "--spool.max-age=0s and --mqtt.keepalive=0s are accepted",
         ),
         Mutant(
@@ -593,7 +605,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/config/parsers.py",
             '        if seconds < low:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
             '        if seconds < 0:\n            raise ValueError(f"{text!r} is below the {low:g}s minimum")\n',
-            ("tests/test_config_bounds.py",),
+            ("tests/unit/config/test_config_bounds.py",),
             "--bridge.max-clock-skew=0s and --remote-write.timeout=0s are accepted",
         ),
         Mutant(
@@ -601,7 +613,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/config/parsers.py",
             "        if value < low:\n",
             "        if value < 0:\n",
-            ("tests/test_config.py",),
+            ("tests/unit/config/test_config.py",),
             "--metrics-buffer-size=0 is accepted",
         ),
     ),
@@ -612,7 +624,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/ring.py",
             "        missed = max(0, first - seq - 1)\n",
             "        missed = max(0, first - seq)\n",
-            ("tests/test_ring_sampler.py",),
+            ("tests/unit/test_ring_sampler.py",),
             "a reader that kept up is told it missed a sample (counted as lost)",
         ),
         Mutant(
@@ -620,7 +632,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/sampler.py",
             "            next_tick += self.interval\n",
             "            next_tick = self._monotonic() + self.interval\n",
-            ("tests/test_ring_sampler.py",),
+            ("tests/unit/test_ring_sampler.py",),
             "each cycle's duration is added to the interval: the schedule drifts",
         ),
     ),
@@ -629,16 +641,14 @@ MUTANTS: tuple[Mutant, ...] = (
 # --- issue 20: hostile inputs (web auth under attack, a spool that reads bytes only, identity bounds, twin
 # agents, label limits, a bridge bounded in bytes, labels and names). One self-contained block, so that it
 # merges apart from the other areas' edits.
-_AUTH_TESTS = "tests/test_web_auth.py"
-_TAMPER = "tests/test_forward_spool_tamper.py"
-_SPOOL_CLOCK = "tests/test_forward_spool_clock.py"
-_IDENTITY = (
-    "tests/test_identity_bounds.py::test_identity_options_are_bounded_in_bytes_and_refuse_every_control_character"
-)
-_LIMITS = "tests/test_limits.py"
-_BRIDGE_LIMITS = "tests/test_bridge_limits.py"
-_BRIDGE_VALUES = "tests/test_bridge_values.py"
-_BRIDGE_BOUNDS = "tests/test_bridge_bounds.py"
+_AUTH_TESTS = "tests/unit/web/test_web_auth.py"
+_TAMPER = "tests/unit/forward/test_forward_spool_tamper.py"
+_SPOOL_CLOCK = "tests/unit/forward/test_forward_spool_clock.py"
+_IDENTITY = "tests/unit/config/test_identity_bounds.py::test_identity_options_are_bounded_in_bytes_and_refuse_every_control_character"
+_LIMITS = "tests/unit/test_limits.py"
+_BRIDGE_LIMITS = "tests/unit/bridge/test_bridge_limits.py"
+_BRIDGE_VALUES = "tests/unit/bridge/test_bridge_values.py"
+_BRIDGE_BOUNDS = "tests/integration/test_bridge_bounds.py"
 MUTANTS += (
     *_area(
         "auth",
@@ -722,7 +732,7 @@ MUTANTS += (
             "src/gpu_exporter/web/server.py",
             "            return max(queued, key=lambda c: c.job.order if c.job is not None else (0, 0.0, 0))\n",
             "            return min(queued, key=lambda c: c.job.order if c.job is not None else (0, 0.0, 0))\n",
-            ("tests/test_web_rules.py::test_at_the_cap_a_password_check_queued_first_keeps_its_connection",),
+            ("tests/unit/web/test_web_rules.py::test_at_the_cap_a_password_check_queued_first_keeps_its_connection",),
             "at the cap the connection whose password check ranks first (a scraper's) is closed, not the flood's last",
         ),
     ),
@@ -935,7 +945,7 @@ MUTANTS += (
             "src/gpu_exporter/bridge/labels.py",
             '        why = refusal(key) or ("reserved" if key in reserved else None)\n',
             "        why = refusal(key)\n",
-            (_BRIDGE_VALUES, "tests/test_bridge_acl.py"),
+            (_BRIDGE_VALUES, "tests/integration/test_bridge_acl.py"),
             "an info key 'node' or 'uuid' is written as a label: a node's gpu_info claims another node",
         ),
         Mutant(
@@ -954,7 +964,9 @@ MUTANTS += (
             "src/gpu_exporter/forward/twins.py",
             "            self._early.clear()  # the broker was not reachable or refused: not a twin's doing\n",
             "            pass  # the broker was not reachable or refused: not a twin's doing\n",
-            ("tests/test_twins.py::test_a_failed_attempt_a_timeout_or_a_long_connection_breaks_the_pattern",),
+            (
+                "tests/integration/test_twins.py::test_a_failed_attempt_a_timeout_or_a_long_connection_breaks_the_pattern",
+            ),
             "a flapping network (connections that fail between early losses) is reported as a twin agent",
         ),
         Mutant(
@@ -962,7 +974,7 @@ MUTANTS += (
             "src/gpu_exporter/forward/twins.py",
             "        if len(self._early) == STREAK and now - self._early[0] <= WINDOW:\n",
             "        if len(self._early) == STREAK:\n",
-            ("tests/test_twins.py::test_early_losses_spread_over_more_than_the_window_are_no_twin",),
+            ("tests/integration/test_twins.py::test_early_losses_spread_over_more_than_the_window_are_no_twin",),
             "three early losses an hour apart are reported as a twin agent",
         ),
         Mutant(

@@ -14,7 +14,7 @@ import yaml
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from tests import kustomize_lite  # noqa: E402
+from tests.support import kustomize_lite  # noqa: E402
 
 OUT = ROOT / "deploy" / "daemonset.yaml"
 HEADER = (

@@ -3,7 +3,7 @@
  * ctypes exactly as it loads the driver's library, so everything above the C ABI is the production
  * code path: pynvml's handles (ctypes pointers), its structs and error classes, the NVML backend, the
  * exposition. Functions not defined here are "not found" to nvidia-ml-py, as on an old driver. Used by
- * tests/test_container.py (in a container), tests/test_nvml_real.py and bench/bench_cycle.py.
+ * tests/deploy/test_container.py (in a container), tests/test_nvml_real.py and bench/bench_cycle.py.
  *
  * Like the driver, it needs the device nodes the NVIDIA container runtime adds: nvmlInit fails with
  * DRIVER_NOT_LOADED without nvidiactl and NO_PERMISSION when it cannot be opened read-write, and the
@@ -11,7 +11,7 @@
  *
  * Readings are those of the Python simulator (gpu_exporter.backends.fake.backend.SimNvml) at a frozen moment,
  * computed with the same formulas in the same order, so one scenario gives the same values through both
- * (tests/test_nvml_fidelity.py holds them to it). The scenario is read from the environment at each
+ * (tests/unit/backends/nvidia/test_nvml_fidelity.py holds them to it). The scenario is read from the environment at each
  * nvmlInit; names are the library's exported symbols:
  *   FAKE_NVML_DEV_DIR    folder with nvidiactl and nvidia<N> (default /dev)
  *   FAKE_NVML_TIME       seconds since the simulator started, frozen (default 0)

@@ -1,0 +1,76 @@
+"""deploy/bridge.yaml: valid Kubernetes, two replicas in one shared subscription, arguments the bridge
+accepts, and the hardening the project asks of every pod."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from gpu_exporter import config as cfg
+from gpu_exporter.bridge import cli
+from tests.support import paths
+
+MANIFEST = paths.ROOT / "deploy" / "bridge.yaml"
+
+
+def _docs() -> list[dict[str, Any]]:
+    return [d for d in yaml.safe_load_all(MANIFEST.read_text(encoding="utf-8")) if d]
+
+
+def _deployment() -> dict[str, Any]:
+    return next(d for d in _docs() if d["kind"] == "Deployment")
+
+
+def test_manifests_validate_against_the_kubernetes_schemas() -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    for doc in _docs():
+        kubernetes_validate.validate(doc, "1.30.0", strict=True)
+
+
+def test_two_replicas_share_one_subscription_each_under_its_own_stable_session() -> None:
+    dep = _deployment()
+    assert dep["spec"]["replicas"] == 2
+    container = dep["spec"]["template"]["spec"]["containers"][0]
+    args = container["args"]
+    assert args[0] == "bridge"
+    assert any(a.startswith("--bridge.group=") for a in args)
+    assert "--bridge.client-id=$(POD_NAME)" in args
+    pod_name = next(e for e in container["env"] if e["name"] == "POD_NAME")
+    assert pod_name["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+
+
+def test_the_arguments_are_a_valid_bridge_configuration(tmp_path: Path) -> None:
+    secret = "/etc/gpu-exporter-bridge/mqtt/password"
+    (tmp_path / "password").write_text("from-the-secret\n")
+    args = [
+        a.replace("$(POD_NAME)", "gpu-exporter-bridge-abc12").replace(secret, str(tmp_path / "password"))
+        for a in _deployment()["spec"]["template"]["spec"]["containers"][0]["args"][1:]
+    ]
+    parsed = cli.build_parser().parse_args(args)
+    env = {"GPU_EXPORTER_MQTT_USERNAME": "gpu-exporter-bridge"}  # from the Secret, as the manifest says
+    settings = cli.settings_from(cfg.load(vars(parsed), environ=env))
+    assert settings.group and settings.client_id == "gpu-exporter-bridge-abc12"
+    assert settings.session_expiry >= 3600
+    assert settings.mqtt_password == "from-the-secret"  # the cloud broker has no anonymous listener
+
+
+def test_the_bridge_authenticates_with_a_secret_it_cannot_start_without() -> None:
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    user = next(e for e in container["env"] if e["name"] == "GPU_EXPORTER_MQTT_USERNAME")
+    assert not user["valueFrom"]["secretKeyRef"].get("optional", False)
+    volumes = {v["name"]: v for v in _deployment()["spec"]["template"]["spec"]["volumes"]}
+    assert not volumes["mqtt-secret"]["secret"].get("optional", False)
+
+
+def test_pod_is_hardened() -> None:
+    spec = _deployment()["spec"]["template"]["spec"]
+    assert spec["automountServiceAccountToken"] is False
+    assert spec["securityContext"]["runAsNonRoot"] is True
+    sc = spec["containers"][0]["securityContext"]
+    assert sc["readOnlyRootFilesystem"] is True
+    assert sc["allowPrivilegeEscalation"] is False
+    assert sc["capabilities"]["drop"] == ["ALL"]
+    assert "limits" in spec["containers"][0]["resources"]
