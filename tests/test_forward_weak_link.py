@@ -184,11 +184,6 @@ def test_a_spike_reaches_the_tsdb_as_a_max_before_full_resolution_on_a_200_bytes
     assert s.forwarder.spool.total_bytes > 0  # full resolution waits in the spool
 
 
-@pytest.mark.xfail(
-    reason="open defect: since the real-time link work, whether a 20 s backlog on this time-scaled link goes as "
-    "summaries first depends on the link meter's reading; some runs send it raw and the coarse points never come",
-    strict=False,
-)
 @pytest.mark.timeout(240)
 @pytest.mark.parametrize("setup", [8000.0], indirect=True)  # full resolution fits, with room to spare
 def test_an_outage_shows_coarse_first_then_full_resolution_with_nothing_lost_or_duplicated(setup: Setup) -> None:

@@ -29,6 +29,13 @@ trusted or has opened to ``OPEN`` (a fast link), one packet at a time: a packet 
 burst comes back at once and says nothing of the link, and two written behind it would take the link
 far past TCP's young timer.
 
+**Floor.** A decision that lasts (whether a backlog goes coarse first on reconnect) rests on the least
+capacity figure over the latest ``_FLOOR_SPAN`` acknowledgements (``floor()``), never on the latest one:
+one packet that rode a burst, or whose round trip hid in the status message's latency, can read several
+times the link's rate, and a backlog sent raw on such a figure keeps an outage invisible until it has
+drained. After a reconnect the link carries no more than before it (TCP starts slow, and a burst only
+lends what the idle link saved), so the figures from before the outage stand.
+
 **Need.** What full resolution needs is the payload bytes of the latest raw batches closed over the time
 they cover (a short batch, closed early by a reconnect or an event, weighs little). Full resolution fits
 while it needs at most ``HEADROOM`` of the capacity (and of ``--mqtt.max-rate``, when set); otherwise the
@@ -56,6 +63,7 @@ TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it
 MIN_WINDOW = 512  # the least the window shrinks to after PUBACK timeouts
 OPEN = 16 * 1024  # an unmeasured window this large (opened by quick PUBACKs: a fast link) takes more than one packet
 _SPAN = 4  # acknowledgements the capacity is measured over
+_FLOOR_SPAN = 16  # capacity figures (one per acknowledgement that measured the link) the floor is the least of
 _ALPHA = 0.3  # weight of the newest round trip in the smoothed round-trip time
 
 
@@ -71,6 +79,7 @@ class LinkMeter:
         self.first_window = FIRST_WINDOW  # the window until measured; halved by each PUBACK timeout
         self.tcp_rto = 0.0  # TCP's retransmission timeout on the connection, seconds (0: not known)
         self._busy: deque[tuple[int, float]] = deque(maxlen=_SPAN)  # (bytes, busy seconds) of the latest acks
+        self._figures: deque[float] = deque(maxlen=_FLOOR_SPAN)  # the capacity after each of the latest acks
         self._produced: deque[tuple[int, float]] = deque(maxlen=8)  # (bytes, seconds) of the latest batches
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
         self._sent: dict[int, tuple[float, int, bool]] = {}  # mid -> (publish time, bytes, link was idle)
@@ -153,6 +162,7 @@ class LinkMeter:
         if busy > 1e-3:
             self._busy.append((size, busy))
             self.capacity = sum(b for b, _ in self._busy) / sum(t for _, t in self._busy)
+            self._figures.append(self.capacity)
         if not self._trusted() and rtt <= PACE * self.keepalive / 4:
             self.first_window = min(1 << 30, self.first_window * 2)  # it came back quickly: open up
         self._export()
@@ -170,6 +180,7 @@ class LinkMeter:
         window on a timeout) until it is measured again."""
         self.capacity /= 2
         self._busy = deque(((b, 2 * t) for b, t in self._busy), maxlen=_SPAN)  # what it rests on, halved too
+        self._figures = deque((c / 2 for c in self._figures), maxlen=_FLOOR_SPAN)
         self.first_window = max(MIN_WINDOW, self.first_window // 2)
         self._export()
 
@@ -193,7 +204,15 @@ class LinkMeter:
 
     def budget(self) -> float:
         """Bytes per second the agent may use: the measured capacity within --mqtt.max-rate (0: unknown)."""
-        caps = [c for c in (self.capacity, self.max_rate) if c > 0]
+        return self._capped(self.capacity)
+
+    def floor(self) -> float:
+        """Bytes per second the link carried at least, over the latest capacity figures, within
+        --mqtt.max-rate (0: unknown): what a lasting decision rests on (see the module doc)."""
+        return self._capped(min(self._figures, default=0.0))
+
+    def _capped(self, figure: float) -> float:
+        caps = [c for c in (figure, self.max_rate) if c > 0]
         return min(caps) if caps else 0.0
 
     def weak(self, cap: float = 0.0, headroom: float = HEADROOM) -> bool:
