@@ -4,11 +4,13 @@ VictoriaMetrics (whose export API shows duplicates, which Prometheus would hide)
 
 Time runs ten times faster than in the issue's figures, and rates are ten times higher, so that every
 batch holds the same samples and the same bytes as at full scale: a sample every 0.1 s (the issue: 1 s),
-a batch every 3 s (30 s), 200 B/s becomes 2000 B/s. Full resolution of 8 simulated GPUs takes about
-3.2 kB/s here (320 B/s at full scale, the issue's "about 300 B/s"); a summary of a 3 s window about
-4.1 kB. The outage lasts 20 s (200 samples), on a link of 8000 B/s: about twice what full resolution
-needs as the agent measures it (4-4.6 kB/s with MQTT framing and parts; the issue's 2 kB/s link carries
-6 times as much), so that the backlog takes long enough to
+a batch every 3 s (30 s), 200 B/s becomes 2000 B/s. Full resolution of 8 simulated GPUs takes 4-4.6 kB/s
+of payload here as the agent measures it (a little more on a loaded machine): the simulated readings
+follow the real clock call by call, so their steps are never quite even and compress less well than on an
+exact clock (30 samples on an exact 0.1 s clock make a 3.2 kB batch, with 1 ms of jitter 5 kB, in real
+time 14 kB); a summary of a 3 s window about 4.1 kB. The outage lasts 20 s (200
+samples, some 90 kB spooled), on a link of 8000 B/s, about twice what full resolution needs (the issue's
+2 kB/s link carries 6 times as much), so that the backlog takes long enough to
 drain (about 25 s) for the order of arrival to show. 24 h over 2 kB/s cannot fit a test;
 bench/bench_adaptive.py measures the times and says how they scale.
 """
