@@ -347,6 +347,31 @@ def measured(packets: list[tuple[int, float]], need: float) -> LinkMeter:
     return meter
 
 
+def test_a_halving_that_the_link_then_shows_was_not_needed_is_undone() -> None:
+    """A connection lost with packets in flight halves the link's figure: a guess. When the next packet,
+    alone on the link, comes back within the latency, nothing queued: the halving goes. Before, summaries
+    alone, each on an idle link and measuring nothing, kept the halved figure for good on a link where full
+    resolution needs over half of it: summarising never ended and the raw backlog never went (seen with
+    both cores busy, 3 minutes of summaries and not one raw batch after an outage)."""
+    meter = measured([(8000, 8000.0)] * 4, need=4500.0)
+    assert meter.capacity == pytest.approx(8000) and not meter.weak()
+    meter.sent(10, 8000, 100.0)
+    meter.lost()  # in flight when the connection dropped
+    assert meter.capacity == pytest.approx(4000) and meter.weak()
+    meter.sent(11, 3600, 200.0)  # a summary alone on the new connection
+    meter.acked(11, 200.55, latency=0.5)  # back within the latency
+    assert meter.capacity == pytest.approx(8000) and not meter.weak() and meter.floor() == pytest.approx(8000)
+    meter.sent(12, 8000, 300.0)
+    meter.lost()
+    meter.sent(13, 8000, 400.0)
+    meter.acked(13, 404.0, latency=0.5)  # measured after the halving: 3.5 s for 8 kB, the link is slower now
+    slower = meter.capacity
+    assert slower < 4000
+    meter.sent(14, 3600, 500.0)
+    meter.acked(14, 500.55, latency=0.5)
+    assert meter.capacity == slower  # a measurement stands: only a halving is undone
+
+
 @pytest.mark.parametrize(
     ("packets", "need", "coarse"),
     [
