@@ -19,8 +19,9 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
 - ``send``: the fresh summary first, cut to what the link carries at once (payload/split.py), then the
   summaries of a backlog.
 - ``backlog``: on reconnect, when the spool holds more than two batch intervals' worth of what the link
-  carries, each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary point, and
-  neighbouring points merge into wider windows until all of them take the link at most
+  has to spare beside fresh full resolution (at the least it carried lately: one lucky reading must not
+  send a long backlog raw), each spooled batch (up to ``MAX_BACKLOG``, oldest first) becomes one summary
+  point, and neighbouring points merge into wider windows until all of them take the link at most
   ``COARSE_SECONDS``: an outage is visible coarse before its full resolution has drained.
 - ``raw_allowed``: whether a full-resolution batch may be published now. With ``--mqtt.max-rate`` only
   what the rate allows; while weak, only if its PUBACK is due before the next summary.
@@ -244,11 +245,16 @@ class Adaptive:
     # ------------------------------------------------------------------------------------ backlog
 
     def backlog(self, entries: Iterable[Entry], read: Callable[[Entry], bytes | None]) -> int:
-        """On reconnect: summary points of the spooled backlog when it will take long to drain; how many."""
-        budget = self.meter.budget()
+        """On reconnect: summary points of the spooled backlog when it will take long to drain; how many.
+
+        Long: more than two batch intervals at what the link has to spare beside fresh full resolution,
+        at the least the link carried lately (``LinkMeter.floor``), so that one lucky reading never sends
+        a long backlog raw."""
+        budget = self.meter.floor()
         listed = list(entries)
         total = sum(e.size for e in listed)
-        if not budget or total <= 2 * self.interval * budget:
+        spare = budget - self.meter.need
+        if not budget or (spare > 0 and total <= 2 * self.interval * spare):
             return 0
         groups: dict[tuple[str, str], list[tuple[Sample, float]]] = {}
         made_before, self._made = self._made, OrderedDict()
@@ -294,7 +300,14 @@ class Adaptive:
                 made += len(chunk)
         if made:
             self._flag(True)
-            log.info("link carries %.0f B/s: %d spooled batches go first as summaries", budget, made)
+            log.info(
+                "link carries %.0f B/s at least, full resolution needs %.0f: %d spooled batches (%d bytes) go "
+                "first as summaries",
+                budget,
+                self.meter.need,
+                made,
+                total,
+            )
         return made
 
     def _coarsen(

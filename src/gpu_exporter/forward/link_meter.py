@@ -29,6 +29,19 @@ trusted or has opened to ``OPEN`` (a fast link), one packet at a time: a packet 
 burst comes back at once and says nothing of the link, and two written behind it would take the link
 far past TCP's young timer.
 
+A halving (a PUBACK timeout, a connection lost with packets in flight) is a guess, not a measurement:
+the first PUBACK after it that met no queue on the link (it took no more than the latency) undoes it,
+as TCP undoes a retransmission timeout that proves spurious. Otherwise, on a link where full resolution
+needs between half and 90 % of the capacity, summaries alone, each on an idle link and measuring
+nothing, kept the halved figure forever: the agent summarised for good and the raw backlog never went.
+
+**Floor.** A decision that lasts (whether a backlog goes coarse first on reconnect) rests on the least
+capacity figure over the latest ``_FLOOR_SPAN`` acknowledgements (``floor()``), never on the latest one:
+one packet that rode a burst, or whose round trip hid in the status message's latency, can read several
+times the link's rate, and a backlog sent raw on such a figure keeps an outage invisible until it has
+drained. After a reconnect the link carries no more than before it (TCP starts slow, and a burst only
+lends what the idle link saved), so the figures from before the outage stand.
+
 **Need.** What full resolution needs is the payload bytes of the latest raw batches closed over the time
 they cover (a short batch, closed early by a reconnect or an event, weighs little). Full resolution fits
 while it needs at most ``HEADROOM`` of the capacity (and of ``--mqtt.max-rate``, when set); otherwise the
@@ -56,6 +69,7 @@ TRUSTED = 0.2  # of the keepalive: busy time the capacity must rest on before it
 MIN_WINDOW = 512  # the least the window shrinks to after PUBACK timeouts
 OPEN = 16 * 1024  # an unmeasured window this large (opened by quick PUBACKs: a fast link) takes more than one packet
 _SPAN = 4  # acknowledgements the capacity is measured over
+_FLOOR_SPAN = 16  # capacity figures (one per acknowledgement that measured the link) the floor is the least of
 _ALPHA = 0.3  # weight of the newest round trip in the smoothed round-trip time
 
 
@@ -71,6 +85,9 @@ class LinkMeter:
         self.first_window = FIRST_WINDOW  # the window until measured; halved by each PUBACK timeout
         self.tcp_rto = 0.0  # TCP's retransmission timeout on the connection, seconds (0: not known)
         self._busy: deque[tuple[int, float]] = deque(maxlen=_SPAN)  # (bytes, busy seconds) of the latest acks
+        self._figures: deque[float] = deque(maxlen=_FLOOR_SPAN)  # the capacity after each of the latest acks
+        # what was measured before the latest halvings (timed_out), until the link is measured again
+        self._halved: tuple[float, deque[tuple[int, float]], deque[float]] | None = None
         self._produced: deque[tuple[int, float]] = deque(maxlen=8)  # (bytes, seconds) of the latest batches
         self.need = 0.0  # payload bytes per second full resolution takes, 0 until measured
         self._sent: dict[int, tuple[float, int, bool]] = {}  # mid -> (publish time, bytes, link was idle)
@@ -145,14 +162,20 @@ class LinkMeter:
         self.rtt = rtt if not self.rtt else (1 - _ALPHA) * self.rtt + _ALPHA * rtt
         busy = now - max(self._mark, published)
         self._mark = now
+        room = False
         if idle_before:  # nothing else was in flight: its round trip is in ``busy``, which a window hides
             busy -= min(latency, rtt)
             if busy <= 0.1 * rtt:
-                busy = 0.0  # the latency is all there is to see: the link has room, how much is unknown
+                busy, room = 0.0, True  # the latency is all there is to see: the link has room, how much is unknown
         log.debug("puback %d: %d bytes after %.2fs (busy %.2fs)", mid, size, rtt, busy)
         if busy > 1e-3:
             self._busy.append((size, busy))
             self.capacity = sum(b for b, _ in self._busy) / sum(t for _, t in self._busy)
+            self._figures.append(self.capacity)
+            self._halved = None  # measured again: the new figures stand
+        elif room and self._halved is not None:  # it met no queue: the halving was not needed, undo it
+            self.capacity, self._busy, self._figures = self._halved
+            self._halved = None
         if not self._trusted() and rtt <= PACE * self.keepalive / 4:
             self.first_window = min(1 << 30, self.first_window * 2)  # it came back quickly: open up
         self._export()
@@ -168,8 +191,11 @@ class LinkMeter:
     def timed_out(self) -> None:
         """PUBACKs stopped coming for what the window allowed: assume half the link (as TCP halves its
         window on a timeout) until it is measured again."""
+        if self._halved is None:
+            self._halved = (self.capacity, self._busy, self._figures)
         self.capacity /= 2
         self._busy = deque(((b, 2 * t) for b, t in self._busy), maxlen=_SPAN)  # what it rests on, halved too
+        self._figures = deque((c / 2 for c in self._figures), maxlen=_FLOOR_SPAN)
         self.first_window = max(MIN_WINDOW, self.first_window // 2)
         self._export()
 
@@ -193,7 +219,15 @@ class LinkMeter:
 
     def budget(self) -> float:
         """Bytes per second the agent may use: the measured capacity within --mqtt.max-rate (0: unknown)."""
-        caps = [c for c in (self.capacity, self.max_rate) if c > 0]
+        return self._capped(self.capacity)
+
+    def floor(self) -> float:
+        """Bytes per second the link carried at least, over the latest capacity figures, within
+        --mqtt.max-rate (0: unknown): what a lasting decision rests on (see the module doc)."""
+        return self._capped(min(self._figures, default=0.0))
+
+    def _capped(self, figure: float) -> float:
+        caps = [c for c in (figure, self.max_rate) if c > 0]
         return min(caps) if caps else 0.0
 
     def weak(self, cap: float = 0.0, headroom: float = HEADROOM) -> bool:

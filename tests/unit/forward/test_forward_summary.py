@@ -332,6 +332,74 @@ def test_batches_closed_during_an_outage_are_summarised_on_reconnect_without_rea
     assert [s.seq for s in batch.samples] == [10, 20, 30, 40]
 
 
+def measured(packets: list[tuple[int, float]], need: float) -> LinkMeter:
+    """A meter that saw each of ``packets`` (bytes, at B/s) go alone, in order, while full resolution
+    needed ``need`` B/s."""
+    meter = LinkMeter(None)
+    meter.produced(round(need * 10), 10.0)
+    now = 0.0
+    for mid, (size, rate) in enumerate(packets, 1):
+        meter.sent(mid, size, now)
+        now += size / rate
+        meter.acked(mid, now, latency=0.0)
+        now += 1.0  # idle until the next batch
+    return meter
+
+
+def test_a_halving_that_the_link_then_shows_was_not_needed_is_undone() -> None:
+    """A connection lost with packets in flight halves the link's figure: a guess. When the next packet,
+    alone on the link, comes back within the latency, nothing queued: the halving goes. Before, summaries
+    alone, each on an idle link and measuring nothing, kept the halved figure for good on a link where full
+    resolution needs over half of it: summarising never ended and the raw backlog never went (seen with
+    both cores busy, 3 minutes of summaries and not one raw batch after an outage)."""
+    meter = measured([(8000, 8000.0)] * 4, need=4500.0)
+    assert meter.capacity == pytest.approx(8000) and not meter.weak()
+    meter.sent(10, 8000, 100.0)
+    meter.lost()  # in flight when the connection dropped
+    assert meter.capacity == pytest.approx(4000) and meter.weak()
+    meter.sent(11, 3600, 200.0)  # a summary alone on the new connection
+    meter.acked(11, 200.55, latency=0.5)  # back within the latency
+    assert meter.capacity == pytest.approx(8000) and not meter.weak() and meter.floor() == pytest.approx(8000)
+    meter.sent(12, 8000, 300.0)
+    meter.lost()
+    meter.sent(13, 8000, 400.0)
+    meter.acked(13, 404.0, latency=0.5)  # measured after the halving: 3.5 s for 8 kB, the link is slower now
+    slower = meter.capacity
+    assert slower < 4000
+    meter.sent(14, 3600, 500.0)
+    meter.acked(14, 500.55, latency=0.5)
+    assert meter.capacity == slower  # a measurement stands: only a halving is undone
+
+
+@pytest.mark.parametrize(
+    ("packets", "need", "coarse"),
+    [
+        # a 500 B/s link, then one large packet that rode a token bucket's burst after an idle moment
+        ([(2000, 500.0)] * 12 + [(20_000, 40_000.0)], 300.0, True),
+        ([(2000, 1000.0)] * 12, 850.0, True),  # full resolution fits, leaving 150 B/s to drain the backlog
+        ([(2000, 40_000.0)] * 12, 300.0, False),  # a fast link: it drains within a batch interval, raw
+    ],
+    ids=["slow-then-fast-once", "little-to-spare", "fast"],
+)
+def test_a_backlog_goes_coarse_first_when_the_link_takes_long_to_drain_it(
+    packets: list[tuple[int, float]], need: float, coarse: bool
+) -> None:
+    """On reconnect, an 18 kB backlog goes as summaries first when what the link has to spare beside
+    fresh full resolution, at the least the link carried lately, takes more than two batch intervals
+    for it. One figure that says fast must not send it raw: the outage would stay invisible until the
+    backlog had drained."""
+    meter = measured(packets, need)
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)
+    spooled = []
+    for b in range(4):  # four batches closed while the broker was away
+        samples = [sample(s, 60.0, float(s)) for s in range(b * 10 + 1, b * 10 + 11)]
+        spooled.append(entry(b * 10 + 1, 4500))
+        assert not adaptive.closed(samples, [spooled[-1]], 10.0, connected=False)
+    made = adaptive.backlog(spooled, lambda e: None)
+    assert (made == 4) == coarse, (made, meter.capacity, meter.need)
+    assert adaptive.active == coarse
+
+
 def test_no_raw_batch_goes_ahead_of_a_summary_that_is_due() -> None:
     """On a link slower than a summary per batch interval, each window is past its end by the time the
     link has taken the previous summary: the next one is due with the next sample. A raw batch sent in
