@@ -78,7 +78,7 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/payload/document.py",
             "    if not (set(map(type, up)) <= _UP_TYPES and set(up) <= _UP_VALUES):  # the usual case, checked in C\n",
             "    if False:\n",
-            ("tests/test_forward_batch.py",),
+            ("tests/unit/payload/test_forward_batch.py",),
             "a device's up entries are not checked: 2 or true reads as up, on both the agent's and the bridge's side",
         ),
         Mutant(
@@ -854,7 +854,7 @@ MUTANTS += (
             "src/gpu_exporter/mqtt/settings.py",
             "LINK_LIVE = (*LINK_FIELDS, *LINK_TUNING)\n",
             "LINK_LIVE = LINK_FIELDS\n",
-            ("tests/test_reload.py::test_a_reload_changes_the_mqtt_max_rate",),
+            ("tests/integration/test_reload.py::test_a_reload_changes_the_mqtt_max_rate",),
             "a reload keeps the running --mqtt.max-rate although the forwarder would apply the new one",
         ),
         Mutant(
@@ -862,7 +862,7 @@ MUTANTS += (
             "src/gpu_exporter/bridge/settings.py",
             '    keepalive: float = _option(ForwardOptions, "mqtt_keepalive")  # seconds\n',
             "    keepalive: float = 30.0  # seconds\n",
-            ("tests/test_command_help.py::test_the_bridge_takes_its_mqtt_keepalive_from_the_option",),
+            ("tests/unit/config/test_command_help.py::test_the_bridge_takes_its_mqtt_keepalive_from_the_option",),
             "the bridge ignores --mqtt.keepalive: its keepalive is fixed at 30 s",
         ),
     ),

@@ -10,7 +10,7 @@ instances, GPM samples, event sets) are ctypes pointers of pynvml's own types, s
 and compare by identity as in production; errors are pynvml's own ``NVMLError_*`` classes, raised where
 pynvml raises them (``NVMLLibraryMismatchError`` from its unversioned process calls); a call given a
 cost blocks in ``time.sleep``, which releases the GIL as ctypes does around a driver call. The C
-library tests/fakes/fake_nvml.c computes the same readings, and tests/test_nvml_fidelity.py runs one
+library tests/fakes/fake_nvml.c computes the same readings, and tests/unit/backends/nvidia/test_nvml_fidelity.py runs one
 scenario set through both and compares what the backend makes of them.
 """
 
