@@ -99,7 +99,11 @@ class BridgeMetrics:
         self.queue = Gauge(
             p + "queue_messages", "Messages received and not yet written and acknowledged.", registry=registry
         )
-        self.connected = Gauge(p + "mqtt_connected", "1 while connected to the MQTT broker.", registry=registry)
+        self.connected = Gauge(
+            p + "mqtt_connected",
+            "1 while connected to the MQTT broker and subscribed to the batch topic (receiving).",
+            registry=registry,
+        )
         self.edge_refused = Counter(
             p + "edge_samples_refused",
             "Edge samples (one timestamp of a batch) the bridge refused before writing, by node and reason "
