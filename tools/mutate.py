@@ -357,6 +357,32 @@ MUTANTS: tuple[Mutant, ...] = (
             "a '%' in a label value (or a 37-byte field) breaks the composed labels",
         ),
         Mutant(
+            "bridge-ack-before-write",
+            "src/gpu_exporter/bridge/service.py",
+            "        outcome = self._writer.write(converted.series)\n",
+            "        self._acknowledge(taken_msgs)\n        outcome = self._writer.write(converted.series)\n",
+            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            "a group's messages acknowledged before its remote write: a write that fails or a bridge that dies "
+            "loses them (the broker no longer holds them)",
+        ),
+        Mutant(
+            "bridge-ack-whole-take",
+            "src/gpu_exporter/bridge/service.py",
+            "            self._acknowledge(taken)\n",
+            "            self._acknowledge(msgs)\n",
+            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            "the first group's write acknowledges every message taken at once, also those of groups not written yet",
+        ),
+        Mutant(
+            "bridge-ack-after-last-group",
+            "src/gpu_exporter/bridge/service.py",
+            "            self._acknowledge(taken)\n",
+            "",
+            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            "a group's messages acknowledged only after every group of the take was written: a bridge that dies "
+            "between writes gets written messages again",
+        ),
+        Mutant(
             "bridge-keeps-pre-1970",
             "src/gpu_exporter/bridge/clock.py",
             "        kept = [i for i in positions if 0 <= times[i] <= now_ms]\n",

@@ -5,6 +5,7 @@ nothing is lost and nothing written twice; a compression bomb stops at the infla
 
 from __future__ import annotations
 
+import gc
 import os
 import threading
 import time
@@ -17,8 +18,8 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter.bridge.inflight import Inflight
 from gpu_exporter.bridge.service import Bridge, Received
 from gpu_exporter.bridge.settings import BridgeSettings
-from gpu_exporter.payload import encode
-from tests.support.bridge_attacks import bomb, junk_document, local_bridge, peak_rss, rss, value
+from gpu_exporter.payload import columns, encode
+from tests.support.bridge_attacks import bomb, junk_document, local_bridge, peak_rss, rss, series_flood, value
 from tests.support.bridge_helpers import BridgeProcess, Publisher, ScriptedReceiver, make_batch
 from tests.support.tsdb import MosquittoServer, mosquitto_fixture, wait_until
 
@@ -249,3 +250,21 @@ def test_a_compression_bomb_stops_at_the_inflate_limit() -> None:
     assert value(registry, "gpu_exporter_bridge_payloads_dropped_total", node="edge-bomb", reason="oversized") == 1
     assert peak < 8 * MiB, f"decoding a {len(payload)}-byte bomb took {peak / MiB:.0f} MiB"
     assert not rx.requests
+
+
+def test_decoded_floods_of_series_leave_nothing_behind() -> None:
+    """The decoder remembers the last few metrics lists to skip checking them again; a flood's lists of
+    thousands of distinct series must not be among them (eight kept took 110 MB more of the bridge's
+    peak RSS in bench/bench_bridge_attack.py's series20, over its 300 MB bound)."""
+    gc.collect()
+    msgs = series_flood([f"edge-{i}" for i in range(4)], 40_000, time.time() - 60)  # 10,000 series a message
+    tracemalloc.start()
+    try:
+        before = tracemalloc.get_traced_memory()[0]
+        for _, payload in msgs:
+            columns.read(payload)
+        gc.collect()
+        kept = tracemalloc.get_traced_memory()[0] - before
+    finally:
+        tracemalloc.stop()
+    assert kept < 2 * MiB, f"{kept / MiB:.1f} MiB kept after decoding"

@@ -39,6 +39,21 @@ def _up_stamps(rx: ScriptedReceiver, node: str) -> list[int]:
     ]
 
 
+def _wait_written(rx: ScriptedReceiver, node: str, stamps: list[int], bridge: BridgeProcess) -> None:
+    """Wait until every stamp was written; else fail saying which are missing and what the bridge said."""
+    try:
+        wait_until(lambda: set(stamps) <= set(_up_stamps(rx, node)), 60, "every sample written")
+    except TimeoutError:
+        written = set(_up_stamps(rx, node))
+        missing = [i for i, t in enumerate(stamps) if t not in written]
+        counters = [line for line in bridge.page().decode().splitlines() if line.startswith("gpu_exporter_bridge_")]
+        raise AssertionError(
+            f"messages {missing} of {len(stamps)} never written ({len(rx.requests)} writes); bridge metrics:\n"
+            + "\n".join(counters)
+            + f"\nbridge log:\n{bridge.log.read_text()[-3000:]}"
+        ) from None
+
+
 @pytest.mark.integration
 @pytest.mark.timeout(120)
 def test_messages_arriving_one_at_a_time_within_the_linger_are_written_together(
@@ -82,13 +97,36 @@ def test_a_steady_stream_is_written_every_linger_not_held_until_it_stops(
                     firsts.append(time.monotonic() - start)
                 k += 1
                 time.sleep(0.2)
-            wait_until(lambda: len(_up_stamps(rx, node)) >= k, 60, "every sample written")
+            _wait_written(rx, node, [round((now + 5 * j) * 1000) for j in range(k)], bridge)
         finally:
             pub.close()
             bridge.stop()
     # A linger that restarted with each message would hold the whole stream until it stopped (one write).
     assert firsts, "nothing was written while the stream went on"
     assert len(rx.requests) >= 3, f"{len(rx.requests)} writes for an 8 s stream with a 1 s linger"
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_a_batch_published_once_the_bridge_says_it_is_connected_is_written_even_over_a_slow_link(
+    broker: MosquittoServer, tmp_path: Path
+) -> None:
+    """``gpu_exporter_bridge_mqtt_connected`` 1 means receiving: over a link of 2 s each way, the
+    subscription reaches the broker seconds after the CONNACK came back, and a first-time bridge has no
+    session before it; a batch published in between would reach no one."""
+    node = "edge-early"
+    with ScriptedReceiver(_ok) as rx, TcpProxy(("127.0.0.1", broker.port)) as link:
+        link.shape(latency=2.0)
+        bridge = BridgeProcess(tmp_path, broker, rx.url, "early")
+        bridge.args[0] = f"--mqtt.url=mqtt://127.0.0.1:{link.port}"
+        bridge.start()  # returns once the gauge says connected
+        pub = Publisher(broker.port)
+        try:
+            pub.publish(f"gpu-exporter/{node}/batch", encode(make_batch(node, "b", [1, 2], time.time() - 60, gpus=1)))
+            wait_until(lambda: len(_up_stamps(rx, node)) >= 2, 30, "the batch written")
+        finally:
+            pub.close()
+            bridge.stop()
 
 
 @pytest.mark.integration

@@ -10,10 +10,11 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry
 
+from gpu_exporter.bridge import service
 from gpu_exporter.bridge.service import Bridge
 from gpu_exporter.bridge.settings import BridgeSettings
-from gpu_exporter.payload import encode
-from tests.support.bridge_helpers import Publisher, expected_points, make_batch, stored_points
+from gpu_exporter.payload import Batch, encode
+from tests.support.bridge_helpers import Publisher, ScriptedReceiver, expected_points, make_batch, stored_points
 from tests.support.tsdb import (
     MosquittoServer,
     PrometheusServer,
@@ -196,6 +197,52 @@ def test_nothing_is_acked_before_it_is_written(tmp_path: Path, broker: Mosquitto
         pub.close()
         second.stop()
         server.stop()
+
+
+def test_each_write_group_is_acknowledged_after_its_write_and_no_other(
+    broker: MosquittoServer, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Messages taken at once are written in groups (bridge/service.py, GROUP_TEXT_BYTES; here one
+    message a group): each group's messages are acknowledged once its write succeeded, and only they.
+    The broker is the judge: after the bridge stops while the second write keeps failing, its session
+    delivers again exactly what was not acknowledged."""
+    monkeypatch.setattr(service, "GROUP_TEXT_BYTES", 1)
+    node, now = _node(), time.time() - 600
+    batches = [make_batch(node, "b", [2 * i + 1, 2 * i + 2], now + 10 * i, gpus=1) for i in range(4)]
+    client_id = f"b-{node}"
+
+    def stamps(rx: ScriptedReceiver) -> set[int]:
+        return {
+            t for r in rx.requests for labels, points in r.series if ("__name__", "gpu_up") in labels for t, _ in points
+        }
+
+    def of(batch: Batch) -> set[int]:
+        return {round(s.timestamp * 1000) for s in batch.samples}
+
+    pub = Publisher(broker.port)
+    # the first write succeeds, the second fails for as long as the bridge runs
+    with ScriptedReceiver(lambda n: (204, b"", {}) if n == 1 else (503, b"down", {})) as first_rx:
+        first = Running(broker, first_rx.url, client_id=client_id, linger=3.0)
+        try:
+            for b in batches:  # within the linger: one take of four messages, four groups
+                pub.publish(f"t/{node}/batch", encode(b))
+            wait_until(lambda: len(first_rx.requests) >= 3, 20, "the first write and a failing second")
+            assert stamps(first_rx) == of(batches[0]) | of(batches[1])  # written in this order, one a group
+            assert first.value("gpu_exporter_bridge_gpu_samples_written_total") == 2
+        finally:
+            first.stop()
+    with ScriptedReceiver(lambda n: (204, b"", {})) as second_rx:
+        second = Running(broker, second_rx.url, client_id=client_id)
+        try:
+            want = of(batches[1]) | of(batches[2]) | of(batches[3])
+            wait_until(lambda: want <= stamps(second_rx), 20, "what was not acknowledged, delivered again")
+            wait_until(lambda: second.value("gpu_exporter_bridge_queue_messages") == 0, 10, "the redelivery handled")
+            # the first group's acknowledgement reached the broker: it is not delivered again
+            assert second.value("gpu_exporter_bridge_messages_received_total") == 3
+            assert stamps(second_rx) == want
+        finally:
+            second.stop()
+            pub.close()
 
 
 def test_node_liveness_from_retained_status(broker: MosquittoServer, prometheus: PrometheusServer) -> None:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import http.server
+import os
 import signal
 import struct
 import subprocess
@@ -213,15 +215,43 @@ class BridgeProcess:
         self.proc: subprocess.Popen[bytes] | None = None
 
     def start(self) -> BridgeProcess:
-        with open(self.log, "ab") as log:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "gpu_exporter", "bridge", *self.args],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=child_env(),
-            )
-        wait_until(lambda: b"mqtt_connected 1.0" in http_get(f"http://127.0.0.1:{self.port}/metrics"), 20, "bridge")
-        return self
+        for attempt in range(3):
+            with open(self.log, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [sys.executable, "-m", "gpu_exporter", "bridge", *self.args],
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=child_env(),
+                )
+            try:
+                wait_until(lambda: self._own_page() and b"mqtt_connected 1.0" in self.page(), 20, "bridge")
+                return self
+            except RuntimeError:
+                if attempt == 2 or b"address already in use" not in self.log.read_bytes():
+                    raise
+            old, self.port = self.port, free_port()  # the port went to another test's process
+            self.args = [a.replace(f"127.0.0.1:{old}", f"127.0.0.1:{self.port}") for a in self.args]
+        raise AssertionError("unreachable")
+
+    def page(self) -> bytes:
+        return http_get(f"http://127.0.0.1:{self.port}/metrics")
+
+    def _own_page(self) -> bool:
+        """Whether this bridge process holds the listening socket of its port: a port from free_port()
+        may have been handed to another test's process too (then whichever binds second exits), and the
+        page of another test's bridge must not pass for this one's."""
+        assert self.proc is not None
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"bridge exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
+        inodes = set()
+        for fd in Path(f"/proc/{self.proc.pid}/fd").iterdir():
+            with contextlib.suppress(OSError):
+                inodes.add(os.readlink(fd))
+        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
+            f = line.split()  # sl, local address (hex ip:port), remote, state (0A: listen), ..., inode
+            if f[1].endswith(f":{self.port:04X}") and f[3] == "0A" and f"socket:[{f[9]}]" in inodes:
+                return True
+        return False
 
     def metric(self, name: str) -> float:
         for line in http_get(f"http://127.0.0.1:{self.port}/metrics").decode().splitlines():

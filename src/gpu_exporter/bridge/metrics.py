@@ -82,7 +82,9 @@ class BridgeMetrics:
             "When the last remote write that remote storage accepted (any of its samples) finished.",
         )
         self.queue = m.gauge("queue_messages", "Messages received and not yet written and acknowledged.")
-        self.connected = m.gauge("mqtt_connected", "1 while connected to the MQTT broker.")
+        self.connected = m.gauge(
+            "mqtt_connected", "1 while connected to the MQTT broker and subscribed to the batch topic (receiving)."
+        )
         self.edge_refused = m.counter(
             "edge_samples_refused",
             "Edge samples (one timestamp of a batch) the bridge refused before writing, by node and reason "

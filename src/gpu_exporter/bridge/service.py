@@ -187,7 +187,6 @@ class Bridge:
             getattr(flags, "session_present", "?"),
         )
         client.subscribe([(self.batch_topic, 1), (self.status_topic, 1)])
-        self.metrics.connected.set(1)
 
     def _on_subscribe(self, client: mqtt.Client, userdata: Any, mid: int, rcs: list[ReasonCode], props: Any) -> None:
         failed = [str(rc) for rc in rcs if rc.is_failure]
@@ -201,6 +200,9 @@ class Bridge:
                 self.batch_topic,
             )
         self.new_nodes.subscribed()
+        # Connected means receiving: before the SUBACK, a batch published now reaches no session of
+        # the bridge's (on its first connection there is none yet), so the gauge waits for it too.
+        self.metrics.connected.set(1)
         self._connected.set()
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:

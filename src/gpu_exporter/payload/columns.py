@@ -121,6 +121,7 @@ def from_document(doc: Any) -> ColumnBatch:
 # finds its plan by without hashing it.
 _LAYOUTS: list[tuple[bool, list[Any], tuple[SeriesKey, ...], frozenset[int]]] = []
 _MAX_LAYOUTS = 8
+_LAYOUT_LIMIT = 4096  # series keys in a list kept (an 8-GPU node with MIG and XIDs: a few hundred)
 
 
 def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[int]]:
@@ -132,8 +133,9 @@ def _metrics(raw: Any, summary: bool) -> tuple[tuple[SeriesKey, ...], frozenset[
             return metrics, counters
     metrics = tuple(document.read_metrics(raw, summary))
     counters = frozenset(j for j, (key, _) in enumerate(metrics) if key in catalog.COUNTER_KEYS)  # does each go up?
-    _LAYOUTS.insert(0, (summary, raw, metrics, counters))
-    del _LAYOUTS[_MAX_LAYOUTS:]
+    if len(metrics) <= _LAYOUT_LIMIT:  # a flood's list of series is not kept (8 of them: hundreds of MB)
+        _LAYOUTS.insert(0, (summary, raw, metrics, counters))
+        del _LAYOUTS[_MAX_LAYOUTS:]
     return metrics, counters
 
 
