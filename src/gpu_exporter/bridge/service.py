@@ -508,7 +508,10 @@ class Bridge:
         if self._thread.ident is not None:
             self._thread.join(timeout)
             self._client.disconnect()
-            self._client.loop_stop()
+            try:
+                self._client.loop_stop()
+            except AttributeError:  # paho's network thread ended (the DISCONNECT) between loop_stop's check and join
+                pass
         self._writer.close()
         if self.journal is not None:
             self.journal.close()
