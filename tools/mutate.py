@@ -361,7 +361,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             "        outcome = self._writer.write(converted.series)\n",
             "        self._acknowledge(taken_msgs)\n        outcome = self._writer.write(converted.series)\n",
-            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            (
+                "tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",
+            ),
             "a group's messages acknowledged before its remote write: a write that fails or a bridge that dies "
             "loses them (the broker no longer holds them)",
         ),
@@ -370,7 +372,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             "            self._acknowledge(taken)\n",
             "            self._acknowledge(msgs)\n",
-            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            (
+                "tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",
+            ),
             "the first group's write acknowledges every message taken at once, also those of groups not written yet",
         ),
         Mutant(
@@ -378,7 +382,9 @@ MUTANTS: tuple[Mutant, ...] = (
             "src/gpu_exporter/bridge/service.py",
             "            self._acknowledge(taken)\n",
             "",
-            ("tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",),
+            (
+                "tests/integration/test_bridge_service.py::test_each_write_group_is_acknowledged_after_its_write_and_no_other",
+            ),
             "a group's messages acknowledged only after every group of the take was written: a bridge that dies "
             "between writes gets written messages again",
         ),
