@@ -6,8 +6,16 @@ that the broker reduces by the seconds it held the message (mqtt/sendtime.py). O
     skew = sent - (received - held)
 
 ``received`` is the bridge's clock when paho handed over the message, ``held`` the broker's hold time
-(whole seconds). What it cannot see is the network transit from agent to broker and from broker to
-bridge: it makes a node look that much *behind*, never ahead, so the estimate errs towards the past.
+(whole seconds). What it cannot see is the time between the broker stamping the expiry (when it writes
+the message out) and paho reading it: network transit, and above all a backlog. Mosquitto 2.0.11 writes
+a connected subscriber its whole queue at once, far past the Receive Maximum, each message stamped as it
+is written; while the bridge's in-flight bound holds paho's thread, they wait in the broker's output
+buffer and the socket, minutes in a large backlog, with ``held`` 0. Such a wait only ever makes a node
+look *behind*, never ahead: the true skew lies in ``[skew, skew + unseen]``, where ``unseen`` is what the
+bridge's in-flight account says a message read now may have waited (bridge/inflight.py: the time since
+the current backlog began, 0 outside one). The bridge takes the value of that interval closest to zero:
+a clock counts as off only by what the wait cannot explain, so a backlog is never taken for a clock
+behind, and a clock off by more than the backlog's age is still seen (and, backlog over, exactly).
 
 Policy, per batch (docs/bridge.md):
 
@@ -53,17 +61,28 @@ class Stamp:
     received_ms: int
     sent_ms: int | None = None
     held_ms: int = 0
+    unseen_ms: int = 0  # how long it may have waited, after the broker stamped it, before paho read it
 
     @property
     def skew_ms(self) -> int | None:
-        """The node's clock minus the bridge's at the time of sending; None without a send time."""
+        """The node's clock minus the bridge's at the time of sending, as measured; None without a send
+        time. A wait the bridge cannot see (``unseen_ms``) makes it that much too low."""
         if self.sent_ms is None:
             return None
         return self.sent_ms - (self.received_ms - self.held_ms)
 
+    @property
+    def estimate_ms(self) -> int | None:
+        """The skew closest to zero that the measurement allows: in ``[skew_ms, skew_ms + unseen_ms]``."""
+        skew = self.skew_ms
+        if skew is None or skew >= 0:
+            return skew
+        return min(skew + max(self.unseen_ms, 0), 0)
 
-def stamp_of(properties: Any, received: float | None = None) -> Stamp:
-    """The stamp of a message from its MQTT 5 properties (None or missing fields: no send time)."""
+
+def stamp_of(properties: Any, received: float | None = None, unseen: float = 0.0) -> Stamp:
+    """The stamp of a message from its MQTT 5 properties (None or missing fields: no send time);
+    ``unseen``: the seconds it may have waited unseen before it was read (Inflight.unseen)."""
     received_ms = time.time_ns() // 1_000_000 if received is None else round(received * 1000)
     sent_ms: int | None = None
     held_ms = 0
@@ -79,7 +98,7 @@ def stamp_of(properties: Any, received: float | None = None) -> Stamp:
     remaining = getattr(properties, "MessageExpiryInterval", None)
     if sent_ms is not None and isinstance(remaining, int) and 0 <= remaining <= sendtime.EXPIRY_S:
         held_ms = (sendtime.EXPIRY_S - remaining) * 1000
-    return Stamp(received_ms, sent_ms, held_ms)
+    return Stamp(received_ms, sent_ms, held_ms, math.ceil(unseen * 1000))
 
 
 class ClockGuard(Collector):
@@ -107,7 +126,7 @@ class ClockGuard(Collector):
         node = self._nodes.label(batch.node)
         times = batch.times_ms
         positions = range(len(times)) if keep is None else keep
-        skew = stamp.skew_ms
+        skew = stamp.estimate_ms
         if skew is not None:
             with self._lock:
                 self._skew[node] = skew / 1000
@@ -138,7 +157,8 @@ class ClockGuard(Collector):
         family = GaugeMetricFamily(
             "gpu_exporter_node_clock_skew_seconds",
             "The node's clock minus the bridge's, measured on the last batch that carried a send time "
-            "(MQTT 5 agents); positive: the node is ahead.",
+            "(MQTT 5 agents), less any wait of that batch the bridge cannot rule out (a backlog); "
+            "positive: the node is ahead.",
             labels=["node"],
         )
         for node in sorted(skews):

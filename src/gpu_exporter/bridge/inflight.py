@@ -17,6 +17,13 @@ acknowledgement will come). A broker reuses an identifier only once it had the a
 new message (not a duplicate) with the identifier of one still held means the held copy was already
 acknowledged: the new one is admitted, and the held copy will not be acknowledged a second time.
 
+While paho waits here the broker's packets wait in its output buffer and the socket, *after* the broker
+stamped their Message Expiry Interval (Mosquitto 2.0.11 writes a connected subscriber its whole queue at
+once, far past the Receive Maximum): that wait is invisible in the stamp and would read as a node's clock
+behind (bridge/clock.py). So the account also says how long a message read now may have waited unseen:
+from the first wait of a backlog (the moment paho stopped reading) until the account has gone
+``SETTLE_S`` without a wait (paho kept up with the socket, so it has drained), and 0 outside a backlog.
+
 While paho waits here it sends no keep-alive; a wait longer than the keep-alive makes the broker close
 the connection, and paho reconnects once the wait is over. Nothing is lost: the session keeps every
 unacknowledged message.
@@ -29,7 +36,9 @@ import time
 from collections.abc import Iterable
 from typing import Protocol, TypeVar
 
-__all__ = ["Inflight"]
+__all__ = ["SETTLE_S", "Inflight"]
+
+SETTLE_S = 5.0  # seconds without a wait at the bound after which the socket counts as drained
 
 
 class _Held(Protocol):
@@ -59,6 +68,21 @@ class Inflight:
         self._held: dict[int, object] = {}  # packet id -> the message holding it (QoS 1)
         self.waited = 0.0  # seconds paho's thread spent waiting at the bound
         self.redelivered = 0  # duplicates of held messages, skipped
+        self._backlog_since: float | None = None  # monotonic: the first wait of the current backlog
+        self._last_wait = 0.0  # monotonic: when the last wait at the bound ended (or now, while waiting)
+        self._waiting = False
+
+    def unseen(self) -> float:
+        """Seconds a message paho reads now may have waited in the socket or the broker's output buffer
+        since the broker stamped it: the time since the current backlog began, else 0."""
+        now = time.monotonic()
+        with self._cond:
+            if self._backlog_since is None:
+                return 0.0
+            if not self._waiting and now - self._last_wait > SETTLE_S:
+                self._backlog_since = None  # paho kept up for SETTLE_S: the socket has drained
+                return 0.0
+            return now - self._backlog_since
 
     def admit(self, msg: _Held, dup: bool) -> bool:
         """Count ``msg`` in, waiting while the account is full. False when it is not to be queued: a
@@ -71,12 +95,18 @@ class Inflight:
                 return False
             if self._full(size):
                 start = time.monotonic()
-                while self._full(size):
-                    if self._stop.is_set():
-                        self.waited += time.monotonic() - start
-                        return False
-                    self._cond.wait(0.25)
-                self.waited += time.monotonic() - start
+                if self._backlog_since is None or start - self._last_wait > SETTLE_S:
+                    self._backlog_since = start
+                self._waiting = True
+                try:
+                    while self._full(size):
+                        if self._stop.is_set():
+                            return False
+                        self._cond.wait(0.25)
+                finally:
+                    self._waiting = False
+                    self._last_wait = time.monotonic()
+                    self.waited += self._last_wait - start
             self._count += 1
             self._bytes += size
             if msg.qos:

@@ -244,7 +244,7 @@ class Bridge:
             if msg.qos:
                 client.ack(msg.mid, msg.qos)
             return
-        stamp = stamp_of(getattr(msg, "properties", None))
+        stamp = stamp_of(getattr(msg, "properties", None), unseen=self.inflight.unseen())
         received = Received(msg.mid, msg.qos, topic, bytes(payload), stamp, not self.new_nodes.has_subscribed())
         waited = self.inflight.waited
         admitted = self.inflight.admit(received, bool(msg.dup))
