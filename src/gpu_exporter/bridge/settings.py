@@ -116,7 +116,7 @@ def link_settings(settings: BridgeSettings) -> LinkSettings:
         client_id=settings.client_id,
         username=settings.mqtt_username,
         password_file="",  # read once at start (settings.mqtt_password)
-        keepalive=max(5, round(settings.keepalive)),
+        keepalive=round(settings.keepalive),  # --mqtt.keepalive is 5s or more; tests use less
         max_delay=RECONNECT_MAX_DELAY,
         window=settings.receive_maximum,
         max_incoming=max_packet_size(settings),
