@@ -54,7 +54,7 @@ def test_the_arguments_are_a_valid_bridge_configuration(tmp_path: Path) -> None:
     settings = cli.settings_from(cfg.load(vars(parsed), environ=env))
     assert settings.group and settings.client_id == "gpu-exporter-bridge-abc12"
     assert settings.session_expiry >= 3600
-    assert settings.mqtt_password == "from-the-secret"  # the cloud broker has no anonymous listener
+    assert settings.mqtt_password == b"from-the-secret"  # the cloud broker has no anonymous listener
 
 
 def test_the_bridge_authenticates_with_a_secret_it_cannot_start_without() -> None:

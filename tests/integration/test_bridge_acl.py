@@ -74,7 +74,7 @@ def test_node_a_cannot_write_node_b_series(tmp_path: Path) -> None:
             mqtt_url=broker.url,
             remote_write_url=rx.url,
             mqtt_username="bridge",
-            mqtt_password="bridge-pw",
+            mqtt_password=b"bridge-pw",
             client_id="acl-bridge",
             rw_backoff_max=0.2,
         )

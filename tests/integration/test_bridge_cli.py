@@ -54,6 +54,15 @@ def run_bridge(*args: str, timeout: float = 30) -> subprocess.CompletedProcess[s
             ["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--remote-write.password-file=/nonexistent"],
             "cannot read the remote-write password file",
         ),
+        (["--mqtt.url=tcp://h:1883", "--remote-write.url=http://h/w"], "invalid MQTT URL 'tcp://h:1883'"),
+        (
+            ["--mqtt.url=mqtt://h", "--remote-write.url=http://h/w", "--mqtt.password-file=/nonexistent"],
+            "--mqtt.password-file=/nonexistent: cannot read: No such file or directory",
+        ),
+        (
+            ["--mqtt.url=mqtts://h", "--remote-write.url=http://h/w", "--mqtt.tls.ca-file=/nonexistent"],
+            "--mqtt.tls.ca-file=/nonexistent: cannot read: No such file or directory",
+        ),
     ],
 )
 def test_usage_errors_are_one_line_and_exit_2(args: list[str], message: str) -> None:

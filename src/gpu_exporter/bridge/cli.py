@@ -79,19 +79,26 @@ def _read_secret(path: str, what: str) -> str:
         raise cfg.ConfigError(f"cannot read the {what} file {path}: {exc.strerror}") from None
 
 
+def _read_mqtt_password(path: str) -> bytes | None:
+    """The MQTT password as the agent reads it (the file's first line, as bytes), read once at start."""
+    from gpu_exporter.mqtt.settings import read_password_bytes
+
+    if not path:
+        return None
+    try:
+        return read_password_bytes(path)
+    except OSError as exc:
+        raise cfg.ConfigError(f"cannot read the MQTT password file {path}: {cfg.error_reason(exc)}") from None
+
+
 def settings_from(config: cfg.Config) -> BridgeSettings:
     """The bridge's settings from the shared configuration; ConfigError when something is missing."""
-    from gpu_exporter.bridge.service import parse_mqtt_url
     from gpu_exporter.bridge.settings import OPTION, BridgeSettings
 
     if not config.mqtt_url:
         raise cfg.ConfigError("--mqtt.url is required (the broker the edge nodes publish to)")
     if not config.remote_write_url:
         raise cfg.ConfigError("--remote-write.url is required (e.g. http://prometheus:9090/api/v1/write)")
-    try:
-        parse_mqtt_url(config.mqtt_url)
-    except ValueError as exc:
-        raise cfg.ConfigError(str(exc)) from None
     if config.remote_write_username and config.remote_write_bearer_token_file:
         raise cfg.ConfigError("use either --remote-write.username or --remote-write.bearer-token-file, not both")
     if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
@@ -100,7 +107,7 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
     options = {f.name: getattr(config, f.metadata[OPTION]) for f in fields(BridgeSettings) if OPTION in f.metadata}
     return BridgeSettings(
         **options,
-        mqtt_password=_read_secret(config.mqtt_password_file, "MQTT password"),
+        mqtt_password=_read_mqtt_password(config.mqtt_password_file),
         client_id=client_id,
         rw_password=_read_secret(config.remote_write_password_file, "remote-write password"),
         rw_bearer_token=_read_secret(config.remote_write_bearer_token_file, "bearer token"),

@@ -18,18 +18,13 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
-import ssl
 import threading
 import time
-import urllib.parse
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import paho.mqtt.client as mqtt
-from paho.mqtt.enums import CallbackAPIVersion
-from paho.mqtt.packettypes import PacketTypes
-from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
@@ -42,12 +37,13 @@ from gpu_exporter.bridge.limits import NewNodes, SeriesBudget
 from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
-from gpu_exporter.bridge.settings import BridgeSettings, max_packet_size
+from gpu_exporter.bridge.settings import BridgeSettings, connect_properties, link_settings
 from gpu_exporter.bridge.twins import Twins
 from gpu_exporter.bridge.values import RESET_AFTER
+from gpu_exporter.mqtt.client import new_client
 from gpu_exporter.payload.columns import ColumnBatch
 
-__all__ = ["Bridge", "MessageHandler", "Received", "parse_mqtt_url"]
+__all__ = ["Bridge", "MessageHandler", "Received"]
 
 log = logging.getLogger(__name__)
 
@@ -55,19 +51,6 @@ log = logging.getLogger(__name__)
 # it, the messages taken at once are written in several groups, so that a burst of large payloads
 # cannot multiply the bridge's memory by --bridge.max-messages. One payload is always taken whole.
 GROUP_TEXT_BYTES = 4 * 1024 * 1024
-
-
-def parse_mqtt_url(url: str) -> tuple[str, int, bool]:
-    """(host, port, tls) of ``mqtt://host[:port]`` or ``mqtts://host[:port]`` (also tcp://, ssl://)."""
-    parts = urllib.parse.urlsplit(url)
-    tls = parts.scheme in ("mqtts", "ssl", "tls")
-    if parts.scheme not in ("mqtt", "tcp", "mqtts", "ssl", "tls") or not parts.hostname:
-        raise ValueError(f"invalid MQTT URL {url!r} (use mqtt://host:port or mqtts://host:port)")
-    try:
-        port = parts.port or (8883 if tls else 1883)
-    except ValueError:
-        raise ValueError(f"invalid port in MQTT URL {url!r}") from None
-    return parts.hostname, port, tls
 
 
 class Bridge:
@@ -116,24 +99,16 @@ class Bridge:
             metrics=self.metrics,
             stop=self._stop,
         )
-        self._host, self._port, tls = parse_mqtt_url(settings.mqtt_url)
+        self.link = link_settings(settings)  # ConfigError when a TLS file does not load
+        self._host, self._port = self.link.host, self.link.port
         prefix = settings.topic_prefix.rstrip("/")
         self.batch_topic = f"{prefix}/+/batch"
         if settings.group:
             self.batch_topic = f"$share/{settings.group}/{self.batch_topic}"
         self.status_topic = f"{prefix}/+/status"
-        self._client = mqtt.Client(CallbackAPIVersion.VERSION2, client_id=settings.client_id, protocol=mqtt.MQTTv5)
-        self._client.manual_ack_set(True)
-        self._client.reconnect_delay_set(min_delay=1, max_delay=10)
-        if settings.mqtt_username:
-            self._client.username_pw_set(settings.mqtt_username, settings.mqtt_password or None)
-        if tls:
-            self._client.tls_set(
-                ca_certs=settings.mqtt_ca_file or None,
-                certfile=settings.mqtt_cert_file or None,
-                keyfile=settings.mqtt_key_file or None,
-                cert_reqs=ssl.CERT_REQUIRED,
-            )
+        self._client = new_client(self.link, settings.mqtt_password)
+        self._client.manual_ack_set(True)  # a message is acknowledged after its write
+        self._client.reconnect_delay_set(min_delay=1, max_delay=round(self.link.max_delay))
         self._client.on_connect = self._on_connect
         self._client.on_disconnect = self._on_disconnect
         self._client.on_connect_fail = self._on_connect_fail
@@ -162,13 +137,8 @@ class Bridge:
     # ------------------------------------------------------------------------------------------- MQTT
 
     def start(self) -> None:
-        props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
-        props.SessionExpiryInterval = int(self.settings.session_expiry)
-        props.ReceiveMaximum = self.settings.receive_maximum
-        props.MaximumPacketSize = max_packet_size(self.settings)
-        self._client.connect_async(
-            self._host, self._port, keepalive=round(self.settings.keepalive), clean_start=False, properties=props
-        )
+        props = connect_properties(self.settings)  # a session that outlives a disconnection
+        self._client.connect_async(self._host, self._port, self.link.keepalive, clean_start=False, properties=props)
         self._client.loop_start()
         self._thread.start()
 

@@ -1,19 +1,35 @@
-"""What the bridge runs with: ``BridgeSettings``, and the MQTT packet size it announces from them."""
+"""What the bridge runs with: ``BridgeSettings``, the MQTT packet size it announces from them, and the
+link settings (``mqtt/``) its client is built from."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field, fields
 from typing import Any
 
+from paho.mqtt.packettypes import PacketTypes
+from paho.mqtt.properties import Properties
+
 from gpu_exporter.config.bridge import BridgeOptions, RemoteWriteOptions
 from gpu_exporter.config.forwarding import ForwardOptions
+from gpu_exporter.config.tls import tls_context
+from gpu_exporter.mqtt.settings import LinkSettings, broker_address
 
-__all__ = ["MQTT_MAX_PACKET", "OPTION", "PACKET_OVERHEAD", "BridgeSettings", "max_packet_size"]
+__all__ = [
+    "MQTT_MAX_PACKET",
+    "OPTION",
+    "PACKET_OVERHEAD",
+    "RECONNECT_MAX_DELAY",
+    "BridgeSettings",
+    "connect_properties",
+    "link_settings",
+    "max_packet_size",
+]
 
 # What a PUBLISH carries besides its payload: fixed header, topic, properties (the agent's are a few dozen
 # bytes; the topic is at most a node name of 1024 characters and the prefix).
 PACKET_OVERHEAD = 64 * 1024
 MQTT_MAX_PACKET = 268_435_455  # the largest MQTT can express
+RECONNECT_MAX_DELAY = 10.0  # seconds: the bridge is the broker's neighbour, and backlogs wait for it
 
 
 OPTION = "option"  # the metadata key that names the config field a setting is copied from
@@ -36,7 +52,7 @@ class BridgeSettings:
     remote_write_url: str = field(metadata={OPTION: "remote_write_url"})
     topic_prefix: str = _option(ForwardOptions, "mqtt_topic_prefix")
     mqtt_username: str = _option(ForwardOptions, "mqtt_username")
-    mqtt_password: str = ""
+    mqtt_password: bytes | None = None  # read from --mqtt.password-file (mqtt.settings.read_password_bytes)
     mqtt_ca_file: str = _option(ForwardOptions, "mqtt_tls_ca_file")
     mqtt_cert_file: str = _option(ForwardOptions, "mqtt_tls_cert_file")
     mqtt_key_file: str = _option(ForwardOptions, "mqtt_tls_key_file")
@@ -80,3 +96,39 @@ def max_packet_size(settings: BridgeSettings) -> int:
     """The Maximum Packet Size the bridge announces: the setting, else its payload limit plus room for
     the PUBLISH's header, topic and properties."""
     return min(settings.max_packet_size or settings.max_payload + PACKET_OVERHEAD, MQTT_MAX_PACKET)
+
+
+def link_settings(settings: BridgeSettings) -> LinkSettings:
+    """The broker's address, TLS (the agent's ``tls_context``: mqtts:// verifies the broker against
+    --mqtt.tls.ca-file or the system store, with an optional client certificate) and the client's
+    identity; MQTT 5 always. ConfigError (one line) when a TLS file does not load."""
+    host, port, secure = broker_address(settings.mqtt_url)
+    files = ForwardOptions(
+        mqtt_tls_ca_file=settings.mqtt_ca_file,
+        mqtt_tls_cert_file=settings.mqtt_cert_file,
+        mqtt_tls_key_file=settings.mqtt_key_file,
+    )
+    return LinkSettings(
+        host=host,
+        port=port,
+        tls=tls_context(files) if secure else None,
+        protocol="5",
+        client_id=settings.client_id,
+        username=settings.mqtt_username,
+        password_file="",  # read once at start (settings.mqtt_password)
+        keepalive=round(settings.keepalive),  # --mqtt.keepalive is 5s or more; tests use less
+        max_delay=RECONNECT_MAX_DELAY,
+        window=settings.receive_maximum,
+        max_incoming=max_packet_size(settings),
+    )
+
+
+def connect_properties(settings: BridgeSettings) -> Properties:
+    """What the bridge's CONNECT announces: a session kept ``session_expiry`` seconds after a disconnection
+    (with clean_start False, whatever was not acknowledged is delivered again), Receive Maximum (its own
+    bound on messages held) and Maximum Packet Size."""
+    props = Properties(PacketTypes.CONNECT)  # type: ignore[no-untyped-call]
+    props.SessionExpiryInterval = int(settings.session_expiry)
+    props.ReceiveMaximum = settings.receive_maximum
+    props.MaximumPacketSize = max_packet_size(settings)
+    return props
