@@ -96,12 +96,19 @@ def start_receiver(workdir: Path) -> tuple[str, subprocess.Popen[bytes] | None, 
 def run_rounds(url: str, rounds: list[list[bytes]], group: int) -> list[float]:
     """GPU-samples per CPU-second of each round; round 0 warms the caches (new nodes) and is left out."""
     bridge = Bridge(
-        BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url=url, max_messages=group, rw_max_samples=20_000),
+        BridgeSettings(
+            mqtt_url="mqtt://127.0.0.1:1",
+            remote_write_url=url,
+            max_messages=group,
+            rw_max_samples=20_000,
+            new_nodes_per_minute=1_000_000,  # the whole fleet introduces itself in round 0 (docs/bridge.md, Sizing)
+            max_series=10_000_000,
+        ),
         CollectorRegistry(),
     )
     rates = []
     for r, payloads in enumerate(rounds):
-        msgs = [Received(i + 1, 1, "gpu-exporter/edge/batch", p) for i, p in enumerate(payloads)]
+        msgs = [Received(i + 1, 1, f"gpu-exporter/edge-{i:05d}/batch", p) for i, p in enumerate(payloads)]
         before = bridge.metrics.gpu_samples._value.get()
         start = time.process_time()
         for i in range(0, len(msgs), group):
