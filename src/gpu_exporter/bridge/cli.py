@@ -24,6 +24,7 @@ from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import bridge_options
+from gpu_exporter.config.sources import add_option
 from gpu_exporter.daemon import Signals
 
 if TYPE_CHECKING:
@@ -57,15 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = cfg.Config()
     for opt in bridge_options():
-        default = getattr(defaults, opt.field)
-        shown = f" (default: {default})" if default not in ("", None) else ""
-        parser.add_argument(
-            f"--{opt.name}",
-            dest=opt.name,
-            metavar=opt.metavar,
-            default=argparse.SUPPRESS,
-            help=f"{opt.help.removeprefix('bridge: ')}{shown}",
-        )
+        add_option(parser, opt, getattr(defaults, opt.field), opt.help.removeprefix("bridge: "))
     return parser
 
 

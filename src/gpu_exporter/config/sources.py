@@ -16,10 +16,10 @@ from typing import Any
 
 from gpu_exporter.config.checks import check
 from gpu_exporter.config.model import ALL_OPTIONS, BY_NAME, OPTIONS, SWITCHES, Config
-from gpu_exporter.config.parsers import ConfigError
+from gpu_exporter.config.parsers import ConfigError, Option
 from gpu_exporter.units import format_duration
 
-__all__ = ["ENV_PREFIX", "add_arguments", "env_name", "load", "read_file"]
+__all__ = ["ENV_PREFIX", "add_arguments", "add_option", "env_name", "load", "read_file"]
 
 ENV_PREFIX = "GPU_EXPORTER_"
 
@@ -38,20 +38,11 @@ def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool
         default=argparse.SUPPRESS,
         help=f"YAML file with any of these options (env {env_name('config.file')})",
     )
+    defaults = Config()
     for opt in OPTIONS:
         if include is not None and not include(opt.name):
             continue
-        default = getattr(Config(), opt.field)
-        if isinstance(default, float) and opt.metavar == "DURATION":
-            default = format_duration(default)
-        shown = f" (default: {default})" if default not in ("", None) else ""
-        parser.add_argument(
-            f"--{opt.name}",
-            dest=opt.name,
-            metavar=opt.metavar,
-            default=argparse.SUPPRESS,
-            help=f"{opt.help}{shown}",
-        )
+        add_option(parser, opt, getattr(defaults, opt.field))
     group = parser.add_argument_group("collectors (all enabled by default)")
     for opt in SWITCHES:
         group.add_argument(
@@ -61,6 +52,21 @@ def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool
             default=argparse.SUPPRESS,
             help=opt.help,
         )
+
+
+def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any, help: str | None = None) -> None:
+    """One option as a flag, its default shown as the option is written (durations as ``30s``) and
+    SUPPRESSed, so that we see what was given; ``help`` replaces the option's own text."""
+    if isinstance(default, float) and opt.metavar == "DURATION":
+        default = format_duration(default)
+    shown = f" (default: {default})" if default not in ("", None) else ""
+    parser.add_argument(
+        f"--{opt.name}",
+        dest=opt.name,
+        metavar=opt.metavar,
+        default=argparse.SUPPRESS,
+        help=f"{opt.help if help is None else help}{shown}",
+    )
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:

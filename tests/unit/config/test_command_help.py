@@ -50,3 +50,14 @@ def test_the_bridge_takes_its_mqtt_keepalive_from_the_option() -> None:
     assert settings_from(cfg.load(args, {})).keepalive == 30
     assert settings_from(cfg.load({**args, "mqtt.keepalive": "45s"}, {})).keepalive == 45
     assert "--mqtt.keepalive" in flags("bridge")
+
+
+def test_the_bridge_shows_duration_defaults_as_they_are_written() -> None:
+    """The bridge's --help declares its options through the agent's one function: a duration's default
+    reads as an option value (``30s``), not as seconds in a float (``30.0``)."""
+    result = subprocess.run(
+        exporter_cmd("bridge", "--help"), env=child_env(), capture_output=True, text=True, timeout=60
+    )
+    text = " ".join(result.stdout.split())
+    assert "MQTT keepalive (default: 30s)" in text, text
+    assert not re.search(r"\(default: \d+\.\d+\)", text.split("--bridge.write-linger", 1)[1][:200])
