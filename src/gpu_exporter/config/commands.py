@@ -42,16 +42,8 @@ BRIDGE: tuple[Option, ...] = (
     ENDPOINT_OPTIONS + LOG_OPTIONS + _rows(FORWARD_OPTIONS, MQTT_CONNECTION) + BRIDGE_OPTIONS + REMOTE_WRITE_OPTIONS
 )
 
+# The connection the bridge subscribes with, and the protocol version; no --mqtt.keepalive flag (a reader
+# run by hand), though GPU_EXPORTER_MQTT_KEEPALIVE and the config file set it, as for every command.
 TAIL: tuple[Option, ...] = _rows(
-    FORWARD_OPTIONS,
-    (
-        "mqtt.url",
-        "mqtt.protocol",
-        "mqtt.topic-prefix",
-        "mqtt.username",
-        "mqtt.password-file",
-        "mqtt.tls.ca-file",
-        "mqtt.tls.cert-file",
-        "mqtt.tls.key-file",
-    ),
+    FORWARD_OPTIONS, ("mqtt.protocol", *(name for name in MQTT_CONNECTION if name != "mqtt.keepalive"))
 )

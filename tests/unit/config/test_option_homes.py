@@ -55,7 +55,7 @@ def test_config_is_the_sections_and_the_table_their_rows() -> None:
     assert [f.name for f in dataclasses.fields(cfg.Config)] == [
         f.name for section, _ in SECTIONS for f in dataclasses.fields(section)
     ]
-    assert cfg.OPTIONS == tuple(row for _, rows in SECTIONS for row in rows)
+    assert tuple(row for _, rows in SECTIONS for row in rows) == cfg.OPTIONS
 
 
 def test_every_option_is_some_commands_and_each_command_takes_rows_of_the_table() -> None:
@@ -76,8 +76,6 @@ def test_a_section_can_be_imported_first_and_costs_no_daemon_library(module: str
         "config.Config(); config.load({}, {})\n"
         f"print(sorted(m for m in sys.modules if m.startswith({HEAVY!r})))\n"
     )
-    result = subprocess.run(
-        [sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60
-    )
+    result = subprocess.run([sys.executable, "-c", code], env=child_env(), capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == "[]"
