@@ -19,7 +19,7 @@ from typing import Any
 
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.config.commands import agent_option
+from gpu_exporter.config.commands import AGENT
 from gpu_exporter.daemon import Signals
 from gpu_exporter.logs import setup_logging
 
@@ -49,7 +49,7 @@ def build_parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     add_version_flag(parser)
-    cfg.add_arguments(parser, include=agent_option)
+    cfg.add_arguments(parser, AGENT)
     return parser
 
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry
 from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.config.commands import bridge_options
+from gpu_exporter.config.commands import BRIDGE
 from gpu_exporter.config.sources import add_option
 from gpu_exporter.daemon import Signals
 
@@ -57,7 +57,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="YAML file with any of these options",
     )
     defaults = cfg.Config()
-    for opt in bridge_options():
+    for opt in BRIDGE:
         add_option(parser, opt, getattr(defaults, opt.field), opt.help.removeprefix("bridge: "))
     return parser
 

@@ -9,9 +9,9 @@ from typing import Any
 from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
-from gpu_exporter.config.bridge import BridgeOptions, RemoteWriteOptions
-from gpu_exporter.config.forwarding import ForwardOptions
+from gpu_exporter.bridge.options import BridgeOptions, RemoteWriteOptions
 from gpu_exporter.config.tls import tls_context
+from gpu_exporter.forward.options import ForwardOptions
 from gpu_exporter.mqtt.settings import LinkSettings, broker_address
 
 __all__ = [
@@ -45,7 +45,7 @@ def _option(section: type[Any], name: str) -> Any:
 @dataclass(frozen=True)
 class BridgeSettings:
     """What the bridge runs with. The settings named after an option (``_option``) come from the
-    config's sections (``config/bridge.py``, ``config/forwarding.py``); the rest are read from files
+    config's sections (``bridge/options.py``, ``forward/options.py``); the rest are read from files
     (passwords, tokens), derived (client id, headers) or not options at all."""
 
     mqtt_url: str = field(metadata={OPTION: "mqtt_url"})

@@ -1,19 +1,29 @@
-"""One typed configuration for every command, declared per section.
+"""One typed configuration for every command; the options are declared next to the code they configure.
 
-Each section's options sit in its own module with the dataclass they fill: ``agent`` (GPUs, interval,
-the web endpoint, logs, simulation), ``forwarding`` (MQTT link, batches, spool), ``bridge`` (the cloud
-bridge and its remote-write target) and ``k8s``. ``model.Config`` is all the sections together;
-``sources.load`` reads it from flag > env ``GPU_EXPORTER_*`` > YAML file > default, and ``checks`` holds
-the checks across options made at start. This module is the package's public API.
+Each section is a frozen dataclass declared with its options beside its code: ``agent_options`` (what is
+read, how often, the node, logs, metric filters), ``web/options`` (the HTTP endpoint),
+``backends/options`` (simulation and OS paths), ``forward/options`` (MQTT link, batches, spool),
+``bridge/options`` (the cloud bridge and its remote-write target) and ``k8s/options``. This package is
+the machinery: ``parsers`` (the Option row and its value parsers), ``model.Config`` (all the sections),
+``commands`` (which command reads which option), ``sources.load`` (flag > env ``GPU_EXPORTER_*`` > YAML
+file > default) and ``checks`` (the checks across options made at start). This module is its public API.
+
+The names that need the sections (``Config``, ``OPTIONS``, ``load``...) are imported on first use, so
+that a section's module can import ``config.parsers`` before ``config`` has assembled the sections.
 """
 
 from __future__ import annotations
 
-from gpu_exporter.config.agent import VENDORS
-from gpu_exporter.config.model import ALL_OPTIONS, OPTIONS, Config, option_names, replace
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from gpu_exporter.config.parsers import ConfigError, Option
-from gpu_exporter.config.sources import ENV_PREFIX, add_arguments, env_name, load, read_file
 from gpu_exporter.config.tls import error_reason, tls_context
+
+if TYPE_CHECKING:
+    from gpu_exporter.backends.options import VENDORS
+    from gpu_exporter.config.model import ALL_OPTIONS, OPTIONS, Config, option_names, replace
+    from gpu_exporter.config.sources import ENV_PREFIX, add_arguments, env_name, load, read_file
 
 __all__ = [
     "ALL_OPTIONS",
@@ -32,3 +42,22 @@ __all__ = [
     "replace",
     "tls_context",
 ]
+
+_LAZY = {
+    "VENDORS": "gpu_exporter.backends.options",
+    **dict.fromkeys(("ALL_OPTIONS", "OPTIONS", "Config", "option_names", "replace"), "gpu_exporter.config.model"),
+    **dict.fromkeys(("ENV_PREFIX", "add_arguments", "env_name", "load", "read_file"), "gpu_exporter.config.sources"),
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # once: later lookups find it in the module
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))

@@ -11,7 +11,7 @@ import argparse
 import os
 import re
 import socket
-from collections.abc import Callable, Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_exporter.config.checks import check
@@ -28,9 +28,9 @@ def env_name(option_name: str) -> str:
     return ENV_PREFIX + re.sub(r"[.\-]", "_", option_name).upper()
 
 
-def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool] | None = None) -> None:
-    """Declare the options (those ``include`` accepts by name) as flags; defaults are SUPPRESSed so that
-    we see what was given."""
+def add_arguments(parser: argparse.ArgumentParser, options: Iterable[Option] = OPTIONS) -> None:
+    """Declare ``options`` (a command's, ``config/commands.py``), the config file and the collector
+    switches as flags; defaults are SUPPRESSed so that we see what was given."""
     parser.add_argument(
         "--config.file",
         dest="config.file",
@@ -39,9 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser, include: Callable[[str], bool
         help=f"YAML file with any of these options (env {env_name('config.file')})",
     )
     defaults = Config()
-    for opt in OPTIONS:
-        if include is not None and not include(opt.name):
-            continue
+    for opt in options:
         add_option(parser, opt, getattr(defaults, opt.field))
     group = parser.add_argument_group("collectors (all enabled by default)")
     for opt in SWITCHES:

@@ -9,7 +9,7 @@ from gpu_exporter.config.parsers import ConfigError
 if TYPE_CHECKING:
     import ssl
 
-    from gpu_exporter.config.forwarding import ForwardOptions
+    from gpu_exporter.forward.options import ForwardOptions
 
 __all__ = ["error_reason", "tls_context"]
 

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
-from gpu_exporter.config.commands import agent_option
+from gpu_exporter.config.commands import DOCTOR
 from gpu_exporter.doctor import broker
 from gpu_exporter.doctor.checks import CHECKS, FAIL, Check, Node, Result
 
@@ -33,7 +33,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_version_flag(parser)
     parser.add_argument("--output", choices=("text", "json"), default="text", help="output format (default: text)")
     parser.add_argument("--path.dev", dest="path_dev", default="/dev", metavar="PATH", help="device directory")
-    cfg.add_arguments(parser, include=agent_option)
+    cfg.add_arguments(parser, DOCTOR)
     return parser
 
 

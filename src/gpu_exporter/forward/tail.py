@@ -22,6 +22,7 @@ from paho.mqtt.enums import MQTTErrorCode
 
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
+from gpu_exporter.config.commands import TAIL
 from gpu_exporter.mqtt.client import new_client
 from gpu_exporter.mqtt.settings import LinkSettings, read_password
 from gpu_exporter.payload import Batch, PayloadError, decode
@@ -30,16 +31,6 @@ from gpu_exporter.units import parse_duration
 __all__ = ["lines", "main"]
 
 PROG = "gpu-exporter tail"
-_OPTIONS = (
-    "mqtt.url",
-    "mqtt.protocol",
-    "mqtt.topic-prefix",
-    "mqtt.username",
-    "mqtt.password-file",
-    "mqtt.tls.ca-file",
-    "mqtt.tls.cert-file",
-    "mqtt.tls.key-file",
-)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -47,10 +38,10 @@ def _parser() -> argparse.ArgumentParser:
         prog=PROG,
         description="Print the samples arriving on an MQTT broker, decoded, one JSON line per device and sample.",
     )
-    by_name = {o.name: o for o in cfg.OPTIONS}
-    for name in _OPTIONS:
-        opt = by_name[name]
-        parser.add_argument(f"--{name}", dest=name, metavar=opt.metavar, default=argparse.SUPPRESS, help=opt.help)
+    for opt in TAIL:
+        parser.add_argument(
+            f"--{opt.name}", dest=opt.name, metavar=opt.metavar, default=argparse.SUPPRESS, help=opt.help
+        )
     parser.add_argument("--node", default="+", help="only this node's batches (default: all nodes)")
     parser.add_argument("--count", type=int, default=0, metavar="N", help="exit after N batches (default: never)")
     parser.add_argument(

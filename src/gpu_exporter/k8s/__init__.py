@@ -4,9 +4,29 @@ Computed on a background thread from the samples in the ring (never on the scrap
 sources: the kubelet's pod-resources API where its socket exists, and a fallback that also works on
 KubeEdge (whose EdgeCore creates no such socket): GPU process IDs from the driver, their
 ``/proc/<pid>/cgroup`` to pod UID and container ID, and names from the kubelet's log directories.
+
+``PodAttributor`` and ``PodRef`` are imported on first use: the configuration imports this package's
+``options`` at every start, which must not cost prometheus_client nor run into ``config`` half-built.
 """
 
-from gpu_exporter.k8s.attribution import PodAttributor
-from gpu_exporter.k8s.model import PodRef
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from gpu_exporter.k8s.attribution import PodAttributor
+    from gpu_exporter.k8s.model import PodRef
 
 __all__ = ["PodAttributor", "PodRef"]
+
+_LAZY = {"PodAttributor": "gpu_exporter.k8s.attribution", "PodRef": "gpu_exporter.k8s.model"}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value

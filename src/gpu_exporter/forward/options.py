@@ -1,4 +1,4 @@
-"""Store-and-forward options: the MQTT link to the broker, batches, and the on-disk spool."""
+"""Store-and-forward options: the MQTT link to the broker (``mqtt/``), batches and the on-disk spool."""
 
 from __future__ import annotations
 
@@ -151,7 +151,7 @@ FORWARD_OPTIONS: tuple[Option, ...] = (
     ),
 )
 
-# The broker connection: the bridge subscribes with these too, and ``gpu-exporter tail``.
+# The broker connection: the bridge subscribes with these too (config/commands.py).
 MQTT_CONNECTION = (
     "mqtt.url",
     "mqtt.topic-prefix",
