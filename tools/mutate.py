@@ -44,7 +44,7 @@ def _area(area: str, *mutants: Mutant) -> tuple[Mutant, ...]:
 
 # Mutants by area. Each names the narrowest tests that cover it (a file, or a file::test node id), so that
 # the whole run stays within minutes. Snippets are core lines that change rarely; a snippet that moved
-# stops the run before anything is tested (see _check_snippets).
+# stops the run before anything is tested (see check_snippets).
 MUTANTS: tuple[Mutant, ...] = (
     *_area(
         "codec",
@@ -1242,7 +1242,7 @@ def _baseline_tests(mutants: list[Mutant]) -> tuple[str, ...]:
     return tuple(sorted(t for t in tests if "::" not in t or t.partition("::")[0] not in tests))
 
 
-def _check_snippets(mutants: list[Mutant]) -> list[str]:
+def check_snippets(mutants: list[Mutant]) -> list[str]:
     problems = []
     for m in mutants:
         missing = [t for t in m.tests if not _test_exists(t)]
@@ -1305,7 +1305,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.area:10} {m.name:42} {m.path:44} {m.why}")
         return 0
-    problems = _check_snippets(mutants)
+    problems = check_snippets(mutants)
     if problems:
         for line in problems:
             print(f"mutate: {line}", file=sys.stderr)

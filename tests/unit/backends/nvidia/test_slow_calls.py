@@ -143,14 +143,29 @@ def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
 
 
 def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
+    """--fake.pcie-call-duration=20ms makes the simulated PCIe calls block as the driver's do: the backend
+    (its real clock, a 5 ms budget) remembers all four of them slow and starts them early; without the
+    option it does not (all four slow twice running by a pause of the process is out of reach)."""
     from gpu_exporter.backends.fake import backend as fake
     from gpu_exporter.config import OPTIONS
 
     option = next(o for o in OPTIONS if o.name == "fake.pcie-call-duration")
-    seconds = option.parse("20ms")
-    backend = fake.create(Config(gpu_vendor="fake", **{option.field: seconds}))
-    assert backend._nv.call_cost == {PCIE: 0.02}
-    assert fake.create(Config(gpu_vendor="fake"))._nv.call_cost == {}
+
+    def remembered(config: Config) -> tuple[set[tuple[object, ...]], int]:
+        backend = fake.create(config)
+        backend.open()
+        try:
+            for _ in range(3):  # slow in two cycles running, then started early
+                backend.read()
+            slow = backend.slow_calls
+            return {tuple(key[:3]) for key in slow.slow() if str(key[1]).startswith(PCIE)}, slow.started_early
+        finally:
+            backend.close()
+
+    every = {(gpu, f"{PCIE}:", ("<device handle>", direction)) for gpu in ("0", "1") for direction in (0, 1)}
+    assert remembered(Config(gpu_vendor="fake", fake_gpus=2, **{option.field: option.parse("20ms")})) == (every, 4)
+    slow, _ = remembered(Config(gpu_vendor="fake", fake_gpus=2))
+    assert slow != every
 
 
 def test_a_call_slow_only_once_goes_back_in_line() -> None:
