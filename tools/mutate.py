@@ -606,6 +606,17 @@ MUTANTS: tuple[Mutant, ...] = (
             "NVML's PCIe throughput (KB/s) served as bytes per second: 1,024 times too low",
         ),
         Mutant(
+            "nvidia-late-answer-fills-one-row",
+            "src/gpu_exporter/backends/nvidia/backend.py",
+            "                sharing = tuple(r for r in rows if r.ident == row.ident)  # every row that reads this answer\n",
+            "                sharing = (row,)  # every row that reads this answer\n",
+            (
+                "tests/unit/backends/nvidia/test_slow_calls.py::"
+                "test_every_row_of_a_slow_answer_still_running_is_filled_in_at_the_end_of_the_cycle",
+            ),
+            "a slow utilization call still running at its turn fills utilization only: memory utilization goes missing",
+        ),
+        Mutant(
             "simple-call-per-row",
             "src/gpu_exporter/backends/simple.py",
             "        if ident not in answers:\n",

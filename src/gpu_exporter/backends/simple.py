@@ -35,7 +35,7 @@ class Simple:
     key: str  # the catalog key it fills
     call: str  # the vendor function, or the name of the sysfs read; errors are counted under it
     args: tuple[Any, ...] = ()  # after the device handle; the backend resolves symbolic ones
-    field: str = ""  # the answer's field that holds the value ("" for the answer itself, "a.b" nested)
+    field: str = ""  # the answer's key or attribute holding the value ("" the answer itself, "a.b" nested)
     scale: float = 1.0
     divide: float = 1.0
     low: float = -math.inf  # raw values outside [low, high] are not readings ...
@@ -92,12 +92,16 @@ class _Invalid(Exception):
 
 
 def _field(answer: Any, path: str) -> Any:
+    """The field of a record: a mapping's key (amdsmi's dicts) or an object's attribute (NVML's structs)."""
     for name in path.split(".") if path else ():
         if answer is None:
             return None
-        if not isinstance(answer, Mapping):
+        if isinstance(answer, Mapping):
+            answer = answer.get(name)
+        elif isinstance(answer, (str, bytes, int, float)) or not hasattr(answer, name):
             raise _WrongShape(name)
-        answer = answer.get(name)
+        else:
+            answer = getattr(answer, name)
     return answer
 
 

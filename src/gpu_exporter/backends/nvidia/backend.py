@@ -46,7 +46,7 @@ __all__ = ["CRITICAL_XIDS", "NvmlBackend", "create"]
 
 log = logging.getLogger("gpu_exporter.backends.nvml")  # the name its log lines have always had
 
-Late = tuple[Simple, Callable[[], Any]]  # a simple call still running, and how to take its answer
+Late = tuple[tuple[Simple, ...], Callable[[], Any]]  # a simple call still running: its rows, how to take its answer
 
 # XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
 # occurrence is an increase that alerts can see.
@@ -68,10 +68,15 @@ CLOCK_EVENT_REASONS = (
 # arguments after the device handle, the scale to the catalog's base unit. Reads that take more than
 # that live in groups.py.
 SIMPLE_CALLS = simple.by_group(
+    Simple("utilization", "nvmlDeviceGetUtilizationRates", field="gpu", divide=100),  # %
+    Simple("memory_utilization", "nvmlDeviceGetUtilizationRates", field="memory", divide=100),
+    Simple("temp_gpu", "nvmlDeviceGetTemperature", (0,)),  # NVML_TEMPERATURE_GPU, °C
     Simple("power", "nvmlDeviceGetPowerUsage", scale=1e-3),  # mW
     Simple("power_limit", "nvmlDeviceGetEnforcedPowerLimit", scale=1e-3),  # mW
     Simple("energy", "nvmlDeviceGetTotalEnergyConsumption", scale=1e-3),  # mJ
     *(Simple(f"clock_{clock}", "nvmlDeviceGetClockInfo", (clock_id,), scale=1e6) for clock, clock_id in CLOCKS),
+    Simple("performance_state", "nvmlDeviceGetPerformanceState", low=0, high=15),  # P0-P15; 32 is unknown
+    Simple("fan_speed", "nvmlDeviceGetFanSpeed", divide=100),  # %
     Simple("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,), scale=1024.0),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s
     Simple("pcie_rx", "nvmlDeviceGetPcieThroughput", (1,), scale=1024.0),  # NVML_PCIE_UTIL_RX_BYTES
     Simple("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
@@ -221,6 +226,7 @@ class NvmlBackend:
         """The one-value calls of ``group`` (SIMPLE_CALLS), in order. A call started early and still
         running is answered at the end of the cycle (``_finish``), so the calls after it are not held up."""
         slow = self._slow
+        rows = SIMPLE_CALLS.get(group, ())
 
         def fetch(row: Simple) -> Any:
             args = (device.handle, *row.args)
@@ -229,11 +235,12 @@ class NvmlBackend:
                 and slow.pending
                 and slow.running(device.scope, f"{row.call}:{row.variant}", args, device.handle)
             ):
-                self._late.append((row, lambda: self._call(device, row.call, *args, variant=row.variant)))
+                sharing = tuple(r for r in rows if r.ident == row.ident)  # every row that reads this answer
+                self._late.append((sharing, lambda: self._call(device, row.call, *args, variant=row.variant)))
                 return None
             return self._call(device, row.call, *args, variant=row.variant)
 
-        simple.read(SIMPLE_CALLS.get(group, ()), fetch, v, self.errors)
+        simple.read(rows, fetch, v, self.errors)
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -361,8 +368,11 @@ class NvmlBackend:
         values = dict(sample.values.items())
         self._reading = True
         try:
-            for row, answer in late:
-                simple.put(row, answer(), values, self.errors, simple.number)
+            for rows, take in late:
+                answer = take()
+                for row in rows:
+                    if simple.put(row, answer, values, self.errors, simple.number):
+                        break  # a wrong-shaped answer is counted once
         except Lost as exc:
             self._backoff.lost(device, str(exc))
             return DeviceSample(device.id, False, info=device.info)
@@ -386,10 +396,7 @@ class NvmlBackend:
         call = self._call
 
         if enabled("utilization"):
-            util = call(device, "nvmlDeviceGetUtilizationRates", h)
-            if util is not None:
-                v[("utilization", ())] = util.gpu / 100.0
-                v[("memory_utilization", ())] = util.memory / 100.0
+            self._simple(device, v, "utilization")
             for key, name in (
                 ("encoder_utilization", "nvmlDeviceGetEncoderUtilization"),
                 ("decoder_utilization", "nvmlDeviceGetDecoderUtilization"),
@@ -400,9 +407,7 @@ class NvmlBackend:
         if enabled("memory"):
             groups.memory(self._call, self._nv, device, h, v)
         if enabled("temperature"):
-            temp = call(device, "nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
-            if temp is not None:
-                v[("temp_gpu", ())] = float(temp)
+            self._simple(device, v, "temperature")
             fields = groups.field_values(self._call, device, [FI_MEMORY_TEMP])
             if (FI_MEMORY_TEMP, 0) in fields:
                 v[("temp_memory", ())] = fields[(FI_MEMORY_TEMP, 0)]
@@ -410,18 +415,13 @@ class NvmlBackend:
             self._simple(device, v, "power")
         if enabled("clocks"):
             self._simple(device, v, "clocks")
-            pstate = call(device, "nvmlDeviceGetPerformanceState", h)
-            if pstate is not None and 0 <= pstate <= 15:
-                v[("performance_state", ())] = float(pstate)
             reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons", h)
             if reasons is not None:
                 for bit, reason in CLOCK_EVENT_REASONS:
                     v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
             read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
-            fan = call(device, "nvmlDeviceGetFanSpeed", h)
-            if fan is not None:
-                v[("fan_speed", ())] = fan / 100.0
+            self._simple(device, v, "fan")
         if enabled("pcie"):
             self._simple(device, v, "pcie")
         if enabled("ecc"):

@@ -280,3 +280,48 @@ def test_a_slow_call_whose_arguments_cannot_be_keyed_stays_in_line_and_says_so(
     assert [r.getMessage() for r in caplog.records] == [
         "nvmlDeviceGetThing is slow but its arguments cannot be told apart; it stays in line"
     ]
+
+
+class GatedUtilization(SimNvml):
+    """Utilization calls wait for ``gate`` once it is armed."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.gate: threading.Event | None = None
+
+    def nvmlDeviceGetUtilizationRates(self, h: object) -> object:
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def test_every_row_of_a_slow_answer_still_running_is_filled_in_at_the_end_of_the_cycle() -> None:
+    """utilization and memory_utilization are two rows of one call (SIMPLE_CALLS): when that call, started
+    early, is still running as the serial pass reaches it, both values come at the end of the cycle."""
+    util = "nvmlDeviceGetUtilizationRates"
+    sim = GatedUtilization(gpus=1, clock=lambda: 1_700_000_000.0, call_cost={util: 0.05})
+    backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=BUDGET, slow_call_timer=sim.timer)
+    backend.open()
+    try:
+        [expected] = measure(backend)
+        keys = [("utilization", ()), ("memory_utilization", ())]
+        assert all(key in expected.values for key in keys)
+        sim.gate = threading.Event()
+        sim.calls.clear()
+        result: list[list[DeviceSample]] = []
+        reader = threading.Thread(target=lambda: result.append(backend.read()))
+        reader.start()
+        for _ in range(500):  # the reads after it go on while it waits
+            if sim.calls["nvmlDeviceGetRemappedRows"] == 1:
+                break
+            reader.join(0.01)
+        assert sim.calls["nvmlDeviceGetRemappedRows"] == 1 and reader.is_alive()
+        sim.gate.set()
+        reader.join(10)
+        [gpu] = result[0]
+        assert [gpu.values.get(key) for key in keys] == [expected.values[key] for key in keys]
+        assert sim.calls[util] == 1  # one call for both rows
+    finally:
+        if sim.gate is not None:
+            sim.gate.set()
+        backend.close()
