@@ -44,7 +44,7 @@ def _area(area: str, *mutants: Mutant) -> tuple[Mutant, ...]:
 
 # Mutants by area. Each names the narrowest tests that cover it (a file, or a file::test node id), so that
 # the whole run stays within minutes. Snippets are core lines that change rarely; a snippet that moved
-# stops the run before anything is tested (see _check_snippets).
+# stops the run before anything is tested (see check_snippets).
 MUTANTS: tuple[Mutant, ...] = (
     *_area(
         "codec",
@@ -577,6 +577,60 @@ MUTANTS: tuple[Mutant, ...] = (
             "        if False:\n",
             ("tests/unit/backends/nvidia/test_nvml_backend.py",),
             "a lost GPU is asked every cycle during its backoff (each call can hang for seconds)",
+        ),
+    ),
+    *_area(
+        "vendor tables",
+        Mutant(
+            "amd-power-cap-in-milliwatts",
+            "src/gpu_exporter/backends/amd/backend.py",
+            '    Simple("power_limit", "amdsmi_get_power_cap_info", field="power_cap", scale=1e-6),  # µW\n',
+            '    Simple("power_limit", "amdsmi_get_power_cap_info", field="power_cap", scale=1e-3),  # µW\n',
+            ("tests/unit/backends/amd/test_amd.py",),
+            "AMD's power cap (microwatts) read as milliwatts: gpu_power_limit_watts is 1,000 times too high",
+        ),
+        Mutant(
+            "jetson-garbled-load-uncounted",
+            "src/gpu_exporter/backends/jetson/backend.py",
+            '    Simple("utilization", "load", ("gpu", "load"), divide=1000, low=0, high=1000, strict=True),\n',
+            '    Simple("utilization", "load", ("gpu", "load"), divide=1000, low=0, high=1000),\n',
+            ("tests/unit/backends/jetson/test_jetson.py",),
+            "a Jetson load file out of 0-1000 (garbled) is dropped without counting an error",
+        ),
+        Mutant(
+            "nvidia-pcie-throughput-in-kib",
+            "src/gpu_exporter/backends/nvidia/backend.py",
+            '    Simple("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,), scale=1024.0),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s\n',
+            '    Simple("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,)),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s\n',
+            ("tests/unit/backends/nvidia/test_nvml_backend.py",),
+            "NVML's PCIe throughput (KB/s) served as bytes per second: 1,024 times too low",
+        ),
+        Mutant(
+            "nvidia-late-answer-fills-one-row",
+            "src/gpu_exporter/backends/nvidia/backend.py",
+            "                sharing = tuple(r for r in rows if r.ident == row.ident)  # every row that reads this answer\n",
+            "                sharing = (row,)  # every row that reads this answer\n",
+            (
+                "tests/unit/backends/nvidia/test_slow_calls.py::"
+                "test_every_row_of_a_slow_answer_still_running_is_filled_in_at_the_end_of_the_cycle",
+            ),
+            "a slow utilization call still running at its turn fills utilization only: memory utilization goes missing",
+        ),
+        Mutant(
+            "simple-call-per-row",
+            "src/gpu_exporter/backends/simple.py",
+            "        if ident not in answers:\n",
+            "        if True:\n",
+            ("tests/unit/backends/test_backend_simple.py",),
+            "rows that read fields of one answer call the library once each (pcie_info four times a cycle)",
+        ),
+        Mutant(
+            "simple-wrong-shape-uncounted",
+            "src/gpu_exporter/backends/simple.py",
+            "    except _WrongShape:\n        errors[row.call] += 1\n        return True\n",
+            "    except _WrongShape:\n        return True\n",
+            ("tests/unit/backends/test_backend_simple.py",),
+            "an answer of the wrong shape is dropped without counting an error: a broken library goes unseen",
         ),
     ),
     *_area(
@@ -1199,7 +1253,7 @@ def _baseline_tests(mutants: list[Mutant]) -> tuple[str, ...]:
     return tuple(sorted(t for t in tests if "::" not in t or t.partition("::")[0] not in tests))
 
 
-def _check_snippets(mutants: list[Mutant]) -> list[str]:
+def check_snippets(mutants: list[Mutant]) -> list[str]:
     problems = []
     for m in mutants:
         missing = [t for t in m.tests if not _test_exists(t)]
@@ -1262,7 +1316,7 @@ def main(argv: list[str] | None = None) -> int:
         for m in mutants:
             print(f"{m.area:10} {m.name:42} {m.path:44} {m.why}")
         return 0
-    problems = _check_snippets(mutants)
+    problems = check_snippets(mutants)
     if problems:
         for line in problems:
             print(f"mutate: {line}", file=sys.stderr)

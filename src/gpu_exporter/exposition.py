@@ -118,8 +118,7 @@ def native_view(include: str = "", exclude: str = "", enabled: Callable[[str], b
             ViewSeries(m.key, "".join(f',{k}="{escape(v)}"' for k, v in m.const_labels), m.labels) for m in fam.metrics
         )
         families.append(ViewFamily(fam.name, fam.type, fam.help, series))
-    up = ViewFamily("gpu_up", "gauge", "1 when the device answered in the last collect cycle, else 0.", ())
-    info = ViewFamily("gpu_info", "gauge", "Device identity; the value is always 1.", ())
+    up, info = (ViewFamily(f.name, f.type, f.help, ()) for f in (catalog.UP, catalog.INFO))
     return View(
         tuple(families),
         up if keep(up.name) else None,

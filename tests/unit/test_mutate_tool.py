@@ -18,6 +18,6 @@ def test_every_mutant_names_a_snippet_found_once_and_tests_that_exist() -> None:
     try:
         spec.loader.exec_module(module)
         assert len(module.MUTANTS) >= 100
-        assert module._check_snippets(list(module.MUTANTS)) == []
+        assert module.check_snippets(list(module.MUTANTS)) == []
     finally:
         del sys.modules[spec.name]

@@ -40,9 +40,19 @@ RETIRED_PAGES_FAILURE = 60  # retired pages at which the memory is out of spare 
 THERMAL_WARNING, THERMAL_FAILURE = 0.10, 0.50  # share of the window held down for heat
 POWER_WARNING = 0.50  # share of the window held down by the power limit
 
+
+def _counter(subsystem: str) -> str:
+    """The one counter whose rate the rule of ``subsystem`` judges (its catalog health role)."""
+    keys = [k for k in catalog.health_inputs(subsystem) if catalog.by_key(k).type == "counter"]
+    if len(keys) != 1:
+        raise ValueError(f"gpu_health{{subsystem={subsystem!r}}} needs one counter in the catalog, not {keys}")
+    return keys[0]
+
+
 # the inputs of the rules, from the catalog (each entry's health role)
 _MEMORY_KEYS = catalog.health_inputs("memory")
-_COUNTERS = tuple(k for k in catalog.health_inputs("pcie", "thermal", "power") if catalog.by_key(k).type == "counter")
+_REPLAYS, _THERMAL, _POWER = _counter("pcie"), _counter("thermal"), _counter("power")
+_COUNTERS = (_REPLAYS, _THERMAL, _POWER)
 
 
 @dataclass
@@ -71,15 +81,15 @@ class HealthTracker:
         if memory is not None:
             out[("health", ("memory",))] = memory
         rates = self._rates(state, values, now)
-        if ("pcie_replay", ()) in values:
-            per_minute = rates.get("pcie_replay", 0.0) * 60.0
+        if (_REPLAYS, ()) in values:
+            per_minute = rates.get(_REPLAYS, 0.0) * 60.0
             out[("health", ("pcie",))] = WARNING if per_minute > PCIE_REPLAYS_PER_MINUTE else OK
-        if ("clock_event_seconds_thermal", ()) in values:
-            share = rates.get("clock_event_seconds_thermal", 0.0)
+        if (_THERMAL, ()) in values:
+            share = rates.get(_THERMAL, 0.0)
             level = FAILURE if share >= THERMAL_FAILURE else WARNING if share >= THERMAL_WARNING else OK
             out[("health", ("thermal",))] = level
-        if ("clock_event_seconds_power", ()) in values:
-            share = rates.get("clock_event_seconds_power", 0.0)
+        if (_POWER, ()) in values:
+            share = rates.get(_POWER, 0.0)
             out[("health", ("power",))] = WARNING if share >= POWER_WARNING else OK
         return out
 

@@ -33,8 +33,8 @@ from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
-UP_METRIC = "gpu_up"
-INFO_METRIC = "gpu_info"
+UP_METRIC = catalog.UP.name
+INFO_METRIC = catalog.INFO.name
 
 
 # A series is remembered only by its encoded Label fields (the protobuf bytes of its sorted labels):

@@ -21,6 +21,8 @@ __all__ = [
     "CATALOG",
     "COUNTER_KEYS",
     "GROUPS",
+    "INFO",
+    "UP",
     "Family",
     "Metric",
     "by_key",
@@ -64,6 +66,11 @@ def families(metrics: Iterable[Metric] = CATALOG) -> tuple[Family, ...]:
     for m in metrics:
         grouped.setdefault(m.name, []).append(m)
     return tuple(Family(name, ms[0].type, ms[0].help, tuple(ms)) for name, ms in grouped.items())
+
+
+# the two series every device has beside its readings: no backend writes them, so they have no key
+UP = Family("gpu_up", "gauge", "1 when the device answered in the last collect cycle, else 0.", ())
+INFO = Family("gpu_info", "gauge", "Device identity; the value is always 1.", ())
 
 
 if len(_BY_KEY) != len(CATALOG):  # pragma: no cover - guarded by tests as well

@@ -28,7 +28,7 @@ from gpu_exporter.k8s.podresources import (
     device_matches,
     list_pod_resources,
 )
-from gpu_exporter.k8s.render import KEYS, PodSeries, render
+from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
@@ -142,7 +142,7 @@ class PodAttributor:
             self._values = values
             self._device_pods = device_pods
         if self._pods_gauge is not None:
-            self._pods_gauge.set(sum(1 for name, _, _ in series if name == "gpu_pod_info"))
+            self._pods_gauge.set(sum(1 for name, _, _ in series if name == NAMES["pod_info"]))
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -229,16 +229,16 @@ class PodAttributor:
             base = device.device.labels()
             for pod in pods:
                 labels = base + pod.labels()
-                info.append(("gpu_pod_info", labels, 1.0))
+                info.append((NAMES["pod_info"], labels, 1.0))
                 present.append((device.device, pod))
                 used = usage.get(pod)
                 if used is not None and used.memory_known:
-                    memory.append(("gpu_pod_memory_used_bytes", labels, used.memory))
+                    memory.append((NAMES["pod_memory"], labels, used.memory))
                 if used is not None and used.sm_known:
-                    util.append(("gpu_pod_utilization_ratio", labels, used.sm))
+                    util.append((NAMES["pod_utilization"], labels, used.sm))
                 if self._meter.idle(device.device) is not None and ("power", ()) in device.values:
                     joules = self._meter.total(device.device, pod)
-                    energy.append(("gpu_pod_energy_joules_total", labels, joules))
+                    energy.append((NAMES["pod_energy"], labels, joules))
         self._meter.retain(present)
         return info + memory + util + energy, DevicePods(by_uuid)
 

@@ -7,11 +7,12 @@ from collections.abc import Iterable, Sequence
 from gpu_exporter import catalog
 from gpu_exporter.catalog.metric import POD_LABELS
 
-__all__ = ["FAMILIES", "KEYS", "PodSeries", "render"]
+__all__ = ["FAMILIES", "KEYS", "NAMES", "PodSeries", "render"]
 
 # family name -> catalog key of the per-pod series (the entries labelled by pod), and -> (type, help):
 # from the catalog, so that /metrics and the forwarded series agree
 KEYS: dict[str, str] = {m.name: m.key for m in catalog.CATALOG if m.labels == POD_LABELS}
+NAMES: dict[str, str] = {key: name for name, key in KEYS.items()}  # catalog key -> family name
 FAMILIES: dict[str, tuple[str, str]] = {
     name: (catalog.by_key(key).type, catalog.by_key(key).help) for name, key in KEYS.items()
 }

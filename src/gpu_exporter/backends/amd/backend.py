@@ -16,17 +16,18 @@ import contextlib
 import importlib.metadata
 import io
 import logging
-import math
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from gpu_exporter.backends import simple
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Liveness, Lost
 from gpu_exporter.backends.amd.violation import ViolationTime
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
+from gpu_exporter.backends.simple import Simple
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -53,7 +54,7 @@ _SENTINELS = frozenset({0xFFFF, 0xFFFFFFFF, 0xFFFFFFFFFFFFFFFF})
 _MHZ = 1e6
 _MIB = 1024 * 1024
 # PCIe transfer rate in MT/s -> generation
-_PCIE_GEN = {2500: 1, 5000: 2, 8000: 3, 16000: 4, 32000: 5, 64000: 6}
+_PCIE_GEN = ((2500, 1.0), (5000, 2.0), (8000, 3.0), (16000, 4.0), (32000, 5.0), (64000, 6.0))
 # AmdSmiGpuBlock names read for per-block ECC counts, and the label each gets
 _ECC_BLOCKS = ("UMC", "SDMA", "GFX", "MMHUB", "PCIE_BIF", "HDP", "XGMI_WAFL")
 
@@ -106,13 +107,65 @@ def _package_version() -> str:
 
 def number(value: Any, sentinels: frozenset[int] = _SENTINELS) -> float | None:
     """A reading as a float, or None for "N/A", max-int sentinels and anything not a finite number."""
-    if isinstance(value, bool) or value is None:
-        return None
-    if isinstance(value, int):
-        return None if value in sentinels else float(value)
-    if isinstance(value, float):
-        return value if math.isfinite(value) else None
-    return None
+    return simple.number(value, sentinels)
+
+
+def _member(smi: Any, name: str) -> Any:
+    """``smi.<Enum>.<MEMBER>`` named ``"Enum.MEMBER"`` in a row's arguments; None when the package lacks it."""
+    enum_name, _, member = name.partition(".")
+    return getattr(getattr(smi, enum_name, None), member, None)
+
+
+# One-call readings (backends/simple.py), by catalog group: the catalog key, the amdsmi function, its
+# arguments after the handle (enum members by name), the field of the record it answers, the scale to
+# the catalog's base unit and the raw values that are readings. Reads that take more are methods below.
+SIMPLE_CALLS = simple.by_group(
+    # activity above 100 % is a sentinel, not a reading
+    *(
+        Simple(key, "amdsmi_get_gpu_activity", field=name, divide=100, low=0, high=100)
+        for key, name in (
+            ("utilization", "gfx_activity"),
+            ("memory_utilization", "umc_activity"),
+            ("multimedia_utilization", "mm_activity"),
+        )
+    ),
+    *(
+        Simple(
+            key,
+            "amdsmi_get_temp_metric",
+            (f"AmdSmiTemperatureType.{sensor}", "AmdSmiTemperatureMetric.CURRENT"),
+            variant=sensor.lower(),
+        )
+        for key, sensor in (("temp_gpu", "EDGE"), ("temp_junction", "HOTSPOT"))
+    ),
+    Simple("power_limit", "amdsmi_get_power_cap_info", field="power_cap", scale=1e-6),  # µW
+    *(
+        Simple(key, "amdsmi_get_clock_info", (f"AmdSmiClkType.{ctype}",), field=name, scale=_MHZ, variant=domain)
+        for domain, ctype in (("graphics", "GFX"), ("memory", "MEM"), ("soc", "SOC"))
+        for key, name in ((f"clock_{domain}", "clk"), (f"clock_max_{domain}", "max_clk"))
+    ),
+    Simple("pcie_link_width", "amdsmi_get_pcie_info", field="pcie_metric.pcie_width"),
+    Simple("pcie_link_generation", "amdsmi_get_pcie_info", field="pcie_metric.pcie_speed", levels=_PCIE_GEN),  # MT/s
+    Simple("pcie_bandwidth", "amdsmi_get_pcie_info", field="pcie_metric.pcie_bandwidth", scale=1e6 / 8),  # Mb/s
+    Simple("pcie_replay", "amdsmi_get_pcie_info", field="pcie_metric.pcie_replay_count"),
+    Simple("ecc_corrected_volatile", "amdsmi_get_gpu_total_ecc_count", field="correctable_count"),
+    Simple("ecc_uncorrected_volatile", "amdsmi_get_gpu_total_ecc_count", field="uncorrectable_count"),
+    *(
+        Simple(
+            key,
+            "amdsmi_get_gpu_ecc_count",
+            (f"AmdSmiGpuBlock.{block}",),
+            field=name,
+            labels=(block.lower(),),
+            variant=block,
+        )
+        for block in _ECC_BLOCKS
+        for key, name in (
+            ("ecc_block_corrected", "correctable_count"),
+            ("ecc_block_uncorrected", "uncorrectable_count"),
+        )
+    ),
+)
 
 
 class AmdBackend:
@@ -264,23 +317,30 @@ class AmdBackend:
     def _read_values(self, index: int, values: dict[SeriesKey, float]) -> None:
         enabled = self._config.collector_enabled
         for group, reader in (
-            ("utilization", self._utilization),
+            ("utilization", None),
             ("memory", self._memory),
             ("temperature", self._temperature),
             ("power", self._power),
             ("clocks", self._clocks),
             ("fan", self._fan),
-            ("pcie", self._pcie),
-            ("ecc", self._ecc),
+            ("pcie", None),
+            ("ecc", None),
         ):
             if enabled(group):
-                reader(index, _Values(values))
+                self._simple(index, values, group)
+                if reader is not None:
+                    reader(index, _Values(values))
 
-    def _utilization(self, index: int, v: _Values) -> None:
-        activity = self._call(index, "amdsmi_get_gpu_activity") or {}
-        v.ratio("utilization", activity.get("gfx_activity"))
-        v.ratio("memory_utilization", activity.get("umc_activity"))
-        v.ratio("multimedia_utilization", activity.get("mm_activity"))
+    def _simple(self, index: int, values: dict[SeriesKey, float], group: str) -> None:
+        """The one-call readings of ``group`` (SIMPLE_CALLS), each distinct call made once."""
+
+        def fetch(row: Simple) -> Any:
+            args = [_member(self._smi, a) if isinstance(a, str) else a for a in row.args]
+            if any(a is None for a in args):
+                return None  # an older package without that sensor, clock or block
+            return self._call(index, row.call, *args, label=row.variant)
+
+        simple.read(SIMPLE_CALLS.get(group, ()), fetch, values, self.errors, number)
 
     def _memory(self, index: int, v: _Values) -> None:
         vram = self._smi.AmdSmiMemoryType.VRAM
@@ -303,8 +363,7 @@ class AmdBackend:
         return number(self._call(index, "amdsmi_get_temp_metric", member, current, label=sensor.lower()))
 
     def _temperature(self, index: int, v: _Values) -> None:
-        v.put("temp_gpu", self._temp(index, "EDGE"))
-        v.put("temp_junction", self._temp(index, "HOTSPOT"))
+        """The memory's temperature (after temp_gpu and temp_junction, SIMPLE_CALLS)."""
         memory = self._temp(index, "VRAM")
         if memory is None:  # HBM parts report per stack: the hottest stack is what matters
             stacks = [t for t in (self._temp(index, f"HBM_{n}") for n in range(4)) if t is not None]
@@ -312,13 +371,12 @@ class AmdBackend:
         v.put("temp_memory", memory)
 
     def _power(self, index: int, v: _Values) -> None:
+        """Power and energy (after power_limit, SIMPLE_CALLS)."""
         power = self._call(index, "amdsmi_get_power_info") or {}
         watts = number(power.get("current_socket_power"))  # MI300-class: instantaneous
         if watts is None:
             watts = number(power.get("average_socket_power"))  # older: averaged by the firmware
         v.put("power", watts)
-        cap = self._call(index, "amdsmi_get_power_cap_info") or {}
-        v.put("power_limit", cap.get("power_cap"), 1e-6)  # µW
         energy = self._call(index, "amdsmi_get_energy_count") or {}
         accumulator = number(energy.get("energy_accumulator"), frozenset({0xFFFFFFFFFFFFFFFF}))
         resolution = number(energy.get("counter_resolution"))
@@ -326,11 +384,7 @@ class AmdBackend:
             v.put("energy", accumulator * resolution * 1e-6)  # µJ -> J
 
     def _clocks(self, index: int, v: _Values) -> None:
-        clk = self._smi.AmdSmiClkType
-        for domain, ctype in (("graphics", clk.GFX), ("memory", clk.MEM), ("soc", clk.SOC)):
-            info = self._call(index, "amdsmi_get_clock_info", ctype, label=domain) or {}
-            v.put(f"clock_{domain}", info.get("clk"), _MHZ)
-            v.put(f"clock_max_{domain}", info.get("max_clk"), _MHZ)
+        """Throttle time by cause (after the clocks, SIMPLE_CALLS)."""
         status = self._call(index, "amdsmi_get_violation_status")
         if status is not None:
             for reason, seconds in self._cards[index].violations.update(status, self._clock()).items():
@@ -342,28 +396,6 @@ class AmdBackend:
             top = number(self._call(index, "amdsmi_get_gpu_fan_speed_max", 0)) or 255.0
             if 0 <= speed <= top:
                 v.put("fan_speed", speed / top)
-
-    def _pcie(self, index: int, v: _Values) -> None:
-        pcie = (self._call(index, "amdsmi_get_pcie_info") or {}).get("pcie_metric") or {}
-        v.put("pcie_link_width", pcie.get("pcie_width"))
-        rate = number(pcie.get("pcie_speed"))  # MT/s
-        if rate is not None and int(rate) in _PCIE_GEN:
-            v.put("pcie_link_generation", _PCIE_GEN[int(rate)])
-        v.put("pcie_bandwidth", pcie.get("pcie_bandwidth"), 1e6 / 8)  # Mb/s -> bytes/s
-        v.put("pcie_replay", pcie.get("pcie_replay_count"))
-
-    def _ecc(self, index: int, v: _Values) -> None:
-        ecc = self._call(index, "amdsmi_get_gpu_total_ecc_count") or {}
-        v.put("ecc_corrected_volatile", ecc.get("correctable_count"))
-        v.put("ecc_uncorrected_volatile", ecc.get("uncorrectable_count"))
-        for block in _ECC_BLOCKS:
-            member = getattr(self._smi.AmdSmiGpuBlock, block, None)
-            if member is None:
-                continue
-            counts = self._call(index, "amdsmi_get_gpu_ecc_count", member, label=block) or {}
-            label = (block.lower(),)
-            v.put("ecc_block_corrected", counts.get("correctable_count"), labels=label)
-            v.put("ecc_block_uncorrected", counts.get("uncorrectable_count"), labels=label)
 
     def _read_processes(self, index: int, values: dict[SeriesKey, float]) -> tuple[ProcessUsage, ...]:
         if not self._config.collector_enabled("processes"):
@@ -399,11 +431,6 @@ class _Values:
         v = number(value)
         if v is not None:
             self.values[(key, labels)] = v * scale
-
-    def ratio(self, key: str, percent: Any) -> None:
-        v = number(percent)
-        if v is not None and 0 <= v <= 100:  # activity above 100 % is a sentinel, not a reading
-            self.values[(key, ())] = v / 100
 
 
 def _scaled(value: Any, scale: float) -> float | None:

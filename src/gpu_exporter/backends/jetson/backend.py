@@ -23,8 +23,10 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter.backends import simple
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.jetson import procs as jetson_procs
+from gpu_exporter.backends.simple import Simple
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
@@ -48,6 +50,24 @@ _LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "NvMapMemUsed"})
 # Tegra thermal zones read -256 °C when the sensor is powered off
 _NO_READING_MILLI_C = -100_000
+
+# One-file readings (backends/simple.py), by catalog group: the catalog key, the name errors are counted
+# under, the file as (folder, attribute) with the folders of ``_folders``, the conversion to the
+# catalog's base unit and the raw values that are readings. Rails, memory and the governor take more.
+SIMPLE_READS = simple.by_group(
+    # load is 0-1000; anything else is a garbled file, counted
+    Simple("utilization", "load", ("gpu", "load"), divide=1000, low=0, high=1000, strict=True),
+    *(
+        Simple(key, attr, ("devfreq", attr), low=0)  # Hz
+        for key, attr in (
+            ("clock_graphics", "cur_freq"),
+            ("clock_min_graphics", "min_freq"),
+            ("clock_max_graphics", "max_freq"),
+        )
+    ),
+    # readings are whole m°C: above _NO_READING_MILLI_C
+    Simple("temp_gpu", "temperature", ("thermal", "temp"), divide=1000, low=_NO_READING_MILLI_C + 1),
+)
 
 
 def _read(path: Path) -> str:
@@ -261,12 +281,12 @@ class JetsonBackend:
                 return [DeviceSample(self._device, False, {}, dict(self._info))]
             values: dict[SeriesKey, float] = {}
             enabled = self._enabled
-            if enabled("utilization"):
-                self._read_load(gpu, values)
+            folders = self._folders(gpu)
+            for group in ("utilization", "clocks", "temperature"):
+                if enabled(group):
+                    simple.read(SIMPLE_READS[group], lambda row: self._file(folders, row), values, self.errors)
             if enabled("clocks"):
-                self._read_clocks(gpu, values)
-            if enabled("temperature"):
-                self._read_thermal(values)
+                self._read_governor(gpu, values)
             if enabled("power"):
                 self._read_rails(values)
             clients = jetson_procs.nvmap_clients(self._sysfs) if enabled("memory") or enabled("processes") else None
@@ -276,23 +296,16 @@ class JetsonBackend:
             self._last_up = True
             return [DeviceSample(self._device, True, values, dict(self._info), processes)]
 
-    def _read_load(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
-        load = self._int(gpu.load, "load")
-        if load is not None:
-            if 0 <= load <= 1000:
-                values[("utilization", ())] = load / 1000
-            else:
-                self.errors["load"] += 1
+    def _folders(self, gpu: GpuNode) -> dict[str, Path | None]:
+        """The folders SIMPLE_READS names: the GPU device's (its load), its devfreq node, its thermal zone."""
+        return {"gpu": gpu.load.parent if gpu.load else None, "devfreq": gpu.devfreq, "thermal": self._thermal}
 
-    def _read_clocks(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
-        for key, attr in (
-            ("clock_graphics", "cur_freq"),
-            ("clock_min_graphics", "min_freq"),
-            ("clock_max_graphics", "max_freq"),
-        ):
-            hertz = self._int(gpu.devfreq / attr, attr)
-            if hertz is not None and hertz >= 0:
-                values[(key, ())] = float(hertz)
+    def _file(self, folders: dict[str, Path | None], row: Simple) -> int | None:
+        folder, attribute = row.args
+        base = folders[folder]
+        return None if base is None else self._int(base / attribute, row.call)
+
+    def _read_governor(self, gpu: GpuNode, values: dict[SeriesKey, float]) -> None:
         try:
             governor = _read(gpu.devfreq / "governor").split()
         except OSError:
@@ -301,13 +314,6 @@ class JetsonBackend:
             values[("frequency_governor", (governor[0],))] = 1.0
         else:
             self.errors["governor"] += 1
-
-    def _read_thermal(self, values: dict[SeriesKey, float]) -> None:
-        if self._thermal is None:
-            return
-        milli = self._int(self._thermal / "temp", "temperature")
-        if milli is not None and milli > _NO_READING_MILLI_C:
-            values[("temp_gpu", ())] = milli / 1000
 
     def _read_rails(self, values: dict[SeriesKey, float]) -> None:
         for rail in self._rails:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_exporter.backends import simple
 from gpu_exporter.backends._calls import Backoff, CallGuard, Fault, Lost
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.health import HealthTracker
@@ -37,12 +38,15 @@ from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
 from gpu_exporter.backends.nvidia.slow import SlowCalls
 from gpu_exporter.backends.nvidia.violation import read_violations
 from gpu_exporter.backends.nvidia.xid import XidEvents
+from gpu_exporter.backends.simple import Simple
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
 
 __all__ = ["CRITICAL_XIDS", "NvmlBackend", "create"]
 
 log = logging.getLogger("gpu_exporter.backends.nvml")  # the name its log lines have always had
+
+Late = tuple[tuple[Simple, ...], Callable[[], Any]]  # a simple call still running: its rows, how to take its answer
 
 # XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
 # occurrence is an increase that alerts can see.
@@ -60,23 +64,25 @@ CLOCK_EVENT_REASONS = (
     (0x80, "hw_power_brake_slowdown"),
 )
 
-# One-value NVML calls, by catalog group: (catalog key, NVML function, its arguments after the device
-# handle, scale to the catalog's base unit). Reads that take more than that live in groups.py.
-SIMPLE_CALLS: dict[str, tuple[tuple[str, str, tuple[int, ...], float], ...]] = {
-    "power": (
-        ("power", "nvmlDeviceGetPowerUsage", (), 1e-3),  # mW
-        ("power_limit", "nvmlDeviceGetEnforcedPowerLimit", (), 1e-3),  # mW
-        ("energy", "nvmlDeviceGetTotalEnergyConsumption", (), 1e-3),  # mJ
-    ),
-    "clocks": tuple((f"clock_{clock}", "nvmlDeviceGetClockInfo", (clock_id,), 1e6) for clock, clock_id in CLOCKS),
-    "pcie": (
-        ("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,), 1024.0),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s
-        ("pcie_rx", "nvmlDeviceGetPcieThroughput", (1,), 1024.0),  # NVML_PCIE_UTIL_RX_BYTES
-        ("pcie_replay", "nvmlDeviceGetPcieReplayCounter", (), 1.0),
-        ("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration", (), 1.0),
-        ("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth", (), 1.0),
-    ),
-}
+# One-value NVML calls (backends/simple.py), by catalog group: the catalog key, the NVML function, its
+# arguments after the device handle, the scale to the catalog's base unit. Reads that take more than
+# that live in groups.py.
+SIMPLE_CALLS = simple.by_group(
+    Simple("utilization", "nvmlDeviceGetUtilizationRates", field="gpu", divide=100),  # %
+    Simple("memory_utilization", "nvmlDeviceGetUtilizationRates", field="memory", divide=100),
+    Simple("temp_gpu", "nvmlDeviceGetTemperature", (0,)),  # NVML_TEMPERATURE_GPU, °C
+    Simple("power", "nvmlDeviceGetPowerUsage", scale=1e-3),  # mW
+    Simple("power_limit", "nvmlDeviceGetEnforcedPowerLimit", scale=1e-3),  # mW
+    Simple("energy", "nvmlDeviceGetTotalEnergyConsumption", scale=1e-3),  # mJ
+    *(Simple(f"clock_{clock}", "nvmlDeviceGetClockInfo", (clock_id,), scale=1e6) for clock, clock_id in CLOCKS),
+    Simple("performance_state", "nvmlDeviceGetPerformanceState", low=0, high=15),  # P0-P15; 32 is unknown
+    Simple("fan_speed", "nvmlDeviceGetFanSpeed", divide=100),  # %
+    Simple("pcie_tx", "nvmlDeviceGetPcieThroughput", (0,), scale=1024.0),  # NVML_PCIE_UTIL_TX_BYTES, in KB/s
+    Simple("pcie_rx", "nvmlDeviceGetPcieThroughput", (1,), scale=1024.0),  # NVML_PCIE_UTIL_RX_BYTES
+    Simple("pcie_replay", "nvmlDeviceGetPcieReplayCounter"),
+    Simple("pcie_link_generation", "nvmlDeviceGetCurrPcieLinkGeneration"),
+    Simple("pcie_link_width", "nvmlDeviceGetCurrPcieLinkWidth"),
+)
 
 
 class NvmlBackend:
@@ -110,7 +116,7 @@ class NvmlBackend:
         self._xid = XidEvents(nvml, self.errors, xid_wait_ms)
         self._slow = SlowCalls(slow_call_budget, slow_call_timer)  # budget None: every call in line
         self._reading = False  # only calls of the reading phase are timed
-        self._late: list[tuple[SeriesKey, float, Callable[[], Any]]] = []  # values whose call is still running
+        self._late: list[Late] = []  # values whose call is still running
         self._health = HealthTracker()
         self._opened = False
 
@@ -216,30 +222,25 @@ class NvmlBackend:
             if seconds > slow.budget or (not answered and slow.remembered):
                 slow.observe(scope, f"{named}:{variant}", fn, args, kwargs, device.handle, seconds, answered)
 
-    def _scalar(
-        self,
-        device: Device,
-        v: dict[SeriesKey, float],
-        key: str,
-        scale: float,
-        name: str,
-        *args: Any,
-        variant: str = "",
-    ) -> None:
-        """``v[key] = nvml.<name>(*args) * scale``; when the call was started early and is still running,
-        the value is filled in at the end of the cycle, so the calls after it are not held up."""
-        slow = self._slow
-        if self._reading and slow.pending and slow.running(device.scope, f"{name}:{variant}", args, device.handle):
-            self._late.append(((key, ()), scale, lambda: self._call(device, name, *args, variant=variant)))
-            return
-        raw = self._call(device, name, *args, variant=variant)
-        if raw is not None:
-            v[(key, ())] = raw * scale
-
     def _simple(self, device: Device, v: dict[SeriesKey, float], group: str) -> None:
-        """The one-value calls of ``group`` (SIMPLE_CALLS), in order."""
-        for key, name, args, scale in SIMPLE_CALLS[group]:
-            self._scalar(device, v, key, scale, name, device.handle, *args)
+        """The one-value calls of ``group`` (SIMPLE_CALLS), in order. A call started early and still
+        running is answered at the end of the cycle (``_finish``), so the calls after it are not held up."""
+        slow = self._slow
+        rows = SIMPLE_CALLS.get(group, ())
+
+        def fetch(row: Simple) -> Any:
+            args = (device.handle, *row.args)
+            if (
+                self._reading
+                and slow.pending
+                and slow.running(device.scope, f"{row.call}:{row.variant}", args, device.handle)
+            ):
+                sharing = tuple(r for r in rows if r.ident == row.ident)  # every row that reads this answer
+                self._late.append((sharing, lambda: self._call(device, row.call, *args, variant=row.variant)))
+                return None
+            return self._call(device, row.call, *args, variant=row.variant)
+
+        simple.read(rows, fetch, v, self.errors)
 
     def _classify(self, exc: Exception) -> Fault | None:
         nv = self._nv
@@ -346,7 +347,7 @@ class NvmlBackend:
         now = self._clock()
         up = {d.scope for d in self._devices if d.live.up}
         self._slow.begin(lambda scope: str(scope).split("/")[0] in up)
-        firsts: list[tuple[int, Device, list[tuple[SeriesKey, float, Callable[[], Any]]]]] = []
+        firsts: list[tuple[int, Device, list[Late]]] = []
         try:
             for device in self._devices:
                 self._late = []
@@ -361,18 +362,17 @@ class NvmlBackend:
             self._slow.end()
         return out
 
-    def _finish(
-        self, device: Device, sample: DeviceSample, late: list[tuple[SeriesKey, float, Callable[[], Any]]]
-    ) -> DeviceSample:
+    def _finish(self, device: Device, sample: DeviceSample, late: list[Late]) -> DeviceSample:
         if not late:  # complete already, health included
             return sample
         values = dict(sample.values.items())
         self._reading = True
         try:
-            for key, scale, value in late:
-                raw = value()
-                if raw is not None:
-                    values[key] = raw * scale
+            for rows, take in late:
+                answer = take()
+                for row in rows:
+                    if simple.put(row, answer, values, self.errors, simple.number):
+                        break  # a wrong-shaped answer is counted once
         except Lost as exc:
             self._backoff.lost(device, str(exc))
             return DeviceSample(device.id, False, info=device.info)
@@ -396,10 +396,7 @@ class NvmlBackend:
         call = self._call
 
         if enabled("utilization"):
-            util = call(device, "nvmlDeviceGetUtilizationRates", h)
-            if util is not None:
-                v[("utilization", ())] = util.gpu / 100.0
-                v[("memory_utilization", ())] = util.memory / 100.0
+            self._simple(device, v, "utilization")
             for key, name in (
                 ("encoder_utilization", "nvmlDeviceGetEncoderUtilization"),
                 ("decoder_utilization", "nvmlDeviceGetDecoderUtilization"),
@@ -410,9 +407,7 @@ class NvmlBackend:
         if enabled("memory"):
             groups.memory(self._call, self._nv, device, h, v)
         if enabled("temperature"):
-            temp = call(device, "nvmlDeviceGetTemperature", h, 0)  # NVML_TEMPERATURE_GPU
-            if temp is not None:
-                v[("temp_gpu", ())] = float(temp)
+            self._simple(device, v, "temperature")
             fields = groups.field_values(self._call, device, [FI_MEMORY_TEMP])
             if (FI_MEMORY_TEMP, 0) in fields:
                 v[("temp_memory", ())] = fields[(FI_MEMORY_TEMP, 0)]
@@ -420,18 +415,13 @@ class NvmlBackend:
             self._simple(device, v, "power")
         if enabled("clocks"):
             self._simple(device, v, "clocks")
-            pstate = call(device, "nvmlDeviceGetPerformanceState", h)
-            if pstate is not None and 0 <= pstate <= 15:
-                v[("performance_state", ())] = float(pstate)
             reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons", h)
             if reasons is not None:
                 for bit, reason in CLOCK_EVENT_REASONS:
                     v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
             read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
-            fan = call(device, "nvmlDeviceGetFanSpeed", h)
-            if fan is not None:
-                v[("fan_speed", ())] = fan / 100.0
+            self._simple(device, v, "fan")
         if enabled("pcie"):
             self._simple(device, v, "pcie")
         if enabled("ecc"):

@@ -143,14 +143,29 @@ def test_the_serial_pass_does_not_wait_for_a_running_early_call() -> None:
 
 
 def test_fake_option_gives_the_simulated_pcie_calls_their_cost() -> None:
+    """--fake.pcie-call-duration=20ms makes the simulated PCIe calls block as the driver's do: the backend
+    (its real clock, a 5 ms budget) remembers all four of them slow and starts them early; without the
+    option it does not (all four slow twice running by a pause of the process is out of reach)."""
     from gpu_exporter.backends.fake import backend as fake
     from gpu_exporter.config import OPTIONS
 
     option = next(o for o in OPTIONS if o.name == "fake.pcie-call-duration")
-    seconds = option.parse("20ms")
-    backend = fake.create(Config(gpu_vendor="fake", **{option.field: seconds}))
-    assert backend._nv.call_cost == {PCIE: 0.02}
-    assert fake.create(Config(gpu_vendor="fake"))._nv.call_cost == {}
+
+    def remembered(config: Config) -> tuple[set[tuple[object, ...]], int]:
+        backend = fake.create(config)
+        backend.open()
+        try:
+            for _ in range(3):  # slow in two cycles running, then started early
+                backend.read()
+            slow = backend.slow_calls
+            return {tuple(key[:3]) for key in slow.slow() if str(key[1]).startswith(PCIE)}, slow.started_early
+        finally:
+            backend.close()
+
+    every = {(gpu, f"{PCIE}:", ("<device handle>", direction)) for gpu in ("0", "1") for direction in (0, 1)}
+    assert remembered(Config(gpu_vendor="fake", fake_gpus=2, **{option.field: option.parse("20ms")})) == (every, 4)
+    slow, _ = remembered(Config(gpu_vendor="fake", fake_gpus=2))
+    assert slow != every
 
 
 def test_a_call_slow_only_once_goes_back_in_line() -> None:
@@ -265,3 +280,48 @@ def test_a_slow_call_whose_arguments_cannot_be_keyed_stays_in_line_and_says_so(
     assert [r.getMessage() for r in caplog.records] == [
         "nvmlDeviceGetThing is slow but its arguments cannot be told apart; it stays in line"
     ]
+
+
+class GatedUtilization(SimNvml):
+    """Utilization calls wait for ``gate`` once it is armed."""
+
+    def __init__(self, **kwargs: object) -> None:
+        super().__init__(**kwargs)  # type: ignore[arg-type]
+        self.gate: threading.Event | None = None
+
+    def nvmlDeviceGetUtilizationRates(self, h: object) -> object:
+        if self.gate is not None:
+            assert self.gate.wait(10), "the test never opened the gate"
+        return super().nvmlDeviceGetUtilizationRates(h)
+
+
+def test_every_row_of_a_slow_answer_still_running_is_filled_in_at_the_end_of_the_cycle() -> None:
+    """utilization and memory_utilization are two rows of one call (SIMPLE_CALLS): when that call, started
+    early, is still running as the serial pass reaches it, both values come at the end of the cycle."""
+    util = "nvmlDeviceGetUtilizationRates"
+    sim = GatedUtilization(gpus=1, clock=lambda: 1_700_000_000.0, call_cost={util: 0.05})
+    backend = NvmlBackend(CONFIG, nvml=sim, slow_call_budget=BUDGET, slow_call_timer=sim.timer)
+    backend.open()
+    try:
+        [expected] = measure(backend)
+        keys = [("utilization", ()), ("memory_utilization", ())]
+        assert all(key in expected.values for key in keys)
+        sim.gate = threading.Event()
+        sim.calls.clear()
+        result: list[list[DeviceSample]] = []
+        reader = threading.Thread(target=lambda: result.append(backend.read()))
+        reader.start()
+        for _ in range(500):  # the reads after it go on while it waits
+            if sim.calls["nvmlDeviceGetRemappedRows"] == 1:
+                break
+            reader.join(0.01)
+        assert sim.calls["nvmlDeviceGetRemappedRows"] == 1 and reader.is_alive()
+        sim.gate.set()
+        reader.join(10)
+        [gpu] = result[0]
+        assert [gpu.values.get(key) for key in keys] == [expected.values[key] for key in keys]
+        assert sim.calls[util] == 1  # one call for both rows
+    finally:
+        if sim.gate is not None:
+            sim.gate.set()
+        backend.close()
