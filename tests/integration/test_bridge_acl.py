@@ -5,6 +5,7 @@ and counts it, because the node is the one the topic names)."""
 
 from __future__ import annotations
 
+import subprocess
 import threading
 import time
 from pathlib import Path
@@ -16,7 +17,7 @@ from gpu_exporter.bridge.service import Bridge
 from gpu_exporter.bridge.settings import BridgeSettings
 from gpu_exporter.payload import encode
 from tests.support.bridge_helpers import ScriptedReceiver, make_batch
-from tests.support.mosquitto import Broker
+from tests.support.mosquitto import MOSQUITTO_PASSWD, Broker
 from tests.support.tsdb import wait_until
 
 pytestmark = pytest.mark.integration
@@ -109,3 +110,46 @@ def test_node_a_cannot_write_node_b_series(tmp_path: Path) -> None:
     assert value("gpu_exporter_bridge_payloads_dropped_total", node="node-a", reason="node_mismatch") == 1
     assert written("node-b") == {round(s.timestamp * 1000) for s in own_b.samples}
     assert written("node-a") == {round(s.timestamp * 1000) for s in own_a.samples}
+
+
+def test_a_rotated_password_file_is_read_again_when_the_bridge_reconnects(tmp_path: Path) -> None:
+    # A Kubernetes Secret rotated in place: the broker now wants the new password, and the bridge's
+    # mounted file holds it. The bridge must reconnect with it, without a restart, as the agent does.
+    broker = Broker(tmp_path / "mqtt", users={"bridge": "old-pw"})
+    broker.start()
+    secret = tmp_path / "password"
+    secret.write_text("old-pw\n")
+    registry = CollectorRegistry()
+
+    def connected() -> float:
+        return registry.get_sample_value("gpu_exporter_bridge_mqtt_connected") or 0.0
+
+    with ScriptedReceiver(lambda n: (204, b"", {})) as rx:
+        settings = BridgeSettings(
+            mqtt_url=broker.url,
+            remote_write_url=rx.url,
+            mqtt_username="bridge",
+            mqtt_password=b"old-pw",  # what the CLI read at start
+            mqtt_password_file=str(secret),
+            client_id="rotating-bridge",
+        )
+        bridge = Bridge(settings, registry)
+        bridge.start()
+        try:
+            assert bridge.wait_connected(10), "bridge did not connect with the first password"
+            broker.stop()
+            wait_until(lambda: connected() == 0, 20, "the bridge to see the broker gone")
+            subprocess.run([MOSQUITTO_PASSWD, "-b", str(broker.dir / "passwd"), "bridge", "new-pw"], check=True)
+            secret.write_text("new-pw\n")
+            broker.start()
+            assert bridge.wait_connected(30), "bridge did not reconnect with the rotated password:\n" + broker.log()
+            node = NodeClient(broker.port, "bridge", "new-pw")  # the same user: the broker knows no other
+            try:
+                batch = make_batch("node-r", "boot-r", [1, 2], time.time() - 10)
+                node.publish("gpu-exporter/node-r/batch", encode(batch))
+                wait_until(lambda: any(r.series for r in rx.requests), 20, "the batch written")
+            finally:
+                node.close()
+        finally:
+            bridge.stop(5)
+            broker.stop()

@@ -40,7 +40,7 @@ from gpu_exporter.bridge.sender import RemoteWriter, Stopped
 from gpu_exporter.bridge.settings import BridgeSettings, connect_properties, link_settings
 from gpu_exporter.bridge.twins import Twins
 from gpu_exporter.bridge.values import RESET_AFTER
-from gpu_exporter.mqtt.client import new_client
+from gpu_exporter.mqtt.client import new_client, reread_password_on_reconnect
 from gpu_exporter.payload.columns import ColumnBatch
 
 __all__ = ["Bridge", "MessageHandler", "Received"]
@@ -107,6 +107,7 @@ class Bridge:
             self.batch_topic = f"$share/{settings.group}/{self.batch_topic}"
         self.status_topic = f"{prefix}/+/status"
         self._client = new_client(self.link, settings.mqtt_password)
+        reread_password_on_reconnect(self._client, self.link)  # a rotated password file, from the next connection
         self._client.manual_ack_set(True)  # a message is acknowledged after its write
         self._client.reconnect_delay_set(min_delay=1, max_delay=round(self.link.max_delay))
         self._client.on_connect = self._on_connect

@@ -53,6 +53,7 @@ class BridgeSettings:
     topic_prefix: str = _option(ForwardOptions, "mqtt_topic_prefix")
     mqtt_username: str = _option(ForwardOptions, "mqtt_username")
     mqtt_password: bytes | None = None  # read from --mqtt.password-file (mqtt.settings.read_password_bytes)
+    mqtt_password_file: str = _option(ForwardOptions, "mqtt_password_file")  # read again at each reconnection
     mqtt_ca_file: str = _option(ForwardOptions, "mqtt_tls_ca_file")
     mqtt_cert_file: str = _option(ForwardOptions, "mqtt_tls_cert_file")
     mqtt_key_file: str = _option(ForwardOptions, "mqtt_tls_key_file")
@@ -115,7 +116,7 @@ def link_settings(settings: BridgeSettings) -> LinkSettings:
         protocol="5",
         client_id=settings.client_id,
         username=settings.mqtt_username,
-        password_file="",  # read once at start (settings.mqtt_password)
+        password_file=settings.mqtt_password_file,  # read at start (mqtt_password), again at each reconnection
         keepalive=round(settings.keepalive),  # --mqtt.keepalive is 5s or more; tests use less
         max_delay=RECONNECT_MAX_DELAY,
         window=settings.receive_maximum,
