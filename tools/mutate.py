@@ -1215,6 +1215,16 @@ MUTANTS += (
             (_BRIDGE_VALUES,),
             "a counter that goes back between two batches is written (only a fall within a batch is caught)",
         ),
+        Mutant(
+            "bridge-password-read-once",
+            "src/gpu_exporter/mqtt/client.py",
+            "    client.on_pre_connect = reread\n",
+            "    pass\n",
+            (
+                "tests/integration/test_bridge_acl.py::test_a_rotated_password_file_is_read_again_when_the_bridge_reconnects",
+            ),
+            "a rotated MQTT password file is not read again: the bridge is refused until a restart",
+        ),
     ),
 )
 
