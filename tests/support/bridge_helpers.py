@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import http.server
-import os
 import signal
 import struct
 import subprocess
@@ -21,6 +19,7 @@ from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import Batch
 
+from .ports import listens_on
 from .procs import child_env
 from .tsdb import MosquittoServer, free_port, http_get, wait_until
 
@@ -243,15 +242,7 @@ class BridgeProcess:
         assert self.proc is not None
         if self.proc.poll() is not None:
             raise RuntimeError(f"bridge exited with {self.proc.returncode}:\n{self.log.read_text()[-2000:]}")
-        inodes = set()
-        for fd in Path(f"/proc/{self.proc.pid}/fd").iterdir():
-            with contextlib.suppress(OSError):
-                inodes.add(os.readlink(fd))
-        for line in Path("/proc/net/tcp").read_text().splitlines()[1:]:
-            f = line.split()  # sl, local address (hex ip:port), remote, state (0A: listen), ..., inode
-            if f[1].endswith(f":{self.port:04X}") and f[3] == "0A" and f"socket:[{f[9]}]" in inodes:
-                return True
-        return False
+        return listens_on(self.proc.pid, self.port)
 
     def metric(self, name: str) -> float:
         for line in http_get(f"http://127.0.0.1:{self.port}/metrics").decode().splitlines():

@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import uuid
@@ -30,7 +29,7 @@ from paho.mqtt.properties import Properties
 
 from gpu_exporter.payload import Batch, PayloadError, decode
 
-from .ports import free_port
+from .ports import free_port, listens_on
 from .procs import stop_process
 from .tls import make_tls
 from .waits import wait_until
@@ -100,9 +99,8 @@ class Broker:
     def _listening(self) -> bool:
         if self.proc is not None and self.proc.poll() is not None:
             raise RuntimeError(f"mosquitto exited with {self.proc.returncode}:\n{self.log()}")
-        with socket.socket() as s:
-            s.settimeout(0.2)
-            return s.connect_ex(("127.0.0.1", self.port)) == 0
+        assert self.proc is not None
+        return listens_on(self.proc.pid, self.port)  # its own socket: the port may be another test's too
 
     def stop(self) -> None:
         """SIGTERM by PID (Mosquitto saves its persistence file), SIGKILL if it lingers."""

@@ -21,7 +21,7 @@ from typing import Any
 
 import pytest
 
-from .ports import free_port
+from .ports import free_port, listens_on
 from .waits import wait_until
 
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -68,10 +68,15 @@ class Server:
         with open(self.log_path, "ab") as log:
             self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
         try:
-            wait_until(lambda: self._alive() and self.ready(), timeout, f"{self.name} to be ready")
+            # ready, and on its own port: another test's process may hold the port free_port() gave it
+            wait_until(lambda: self._alive() and self.ready() and self._own_port(), timeout, f"{self.name} to be ready")
         except TimeoutError:
             self.stop()
             raise TimeoutError(f"{self.name} did not start; log:\n{self.log()[-3000:]}") from None
+
+    def _own_port(self) -> bool:
+        assert self.proc is not None
+        return listens_on(self.proc.pid, self.port)
 
     def _alive(self) -> bool:
         if self.proc is None or self.proc.poll() is not None:
