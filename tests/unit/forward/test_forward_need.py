@@ -129,4 +129,3 @@ def test_a_quiet_interval_with_the_broker_away_ends_summarising_as_a_batch_close
     assert adaptive.active
     adaptive.idle(10.0, connected=False)
     assert not adaptive.active
-
