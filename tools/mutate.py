@@ -230,7 +230,7 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "forwarder-count-closed-timed-from-first-sample",
             "src/gpu_exporter/forward/service.py",
-            "            span = max(span, last - self._covered)\n",
+            "            span = max(span, now - self._measured)\n",
             "            pass\n",
             ("tests/unit/forward/test_forward_need.py",),
             "a batch closed by its sample count is timed from when it was taken: a healthy link reads as thin",

@@ -104,9 +104,9 @@ class Forwarder(Sender):
         self._previous: Sample | None = None  # the sample taken last, prepared
         self._event_closed = -math.inf  # when an event last closed a batch early
         self._open = OpenBatch(clock())
-        # sample timestamp up to which the need of full resolution is measured: the last batch's last sample,
-        # moved on by each batch interval without samples (``_idle``)
-        self._covered: float | None = None
+        # when the time measured for the need of full resolution ends: the last batch's close, or the last
+        # batch interval without samples (``_idle``)
+        self._measured = clock()
         self._growth = 1
         self._bytes_per_device_sample = 64.0  # running estimate of the payload size
         self._inflight: dict[int, Entry] = {}
@@ -330,16 +330,17 @@ class Forwarder(Sender):
     def _close_batch(self) -> None:
         b, self._open = self._open, OpenBatch(self._clock())
         entries = self._store(b.samples, b.journal)
-        first, last = b.samples[0].timestamp, b.samples[-1].timestamp
-        open_for = self._clock() - b.opened
-        span = max(open_for, last - first)
-        if open_for < self._span() and self._covered is not None:
-            # Closed early (its sample count or size, an event, a reconnect), often in the turn its first
-            # sample came: timed over what its samples cover, from where the time measured before ended.
-            # Timed from its first sample, a batch of one sample read as a burst hundreds of times the
-            # rate full resolution takes, and a healthy link as a thin one.
-            span = max(span, last - self._covered)
-        self._covered = last
+        now = self._clock()
+        span = max(now - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
+        if now - b.opened < self._span():
+            # Closed early (its sample count or size, an event, a reconnect), mostly in the turn its last
+            # sample came: timed over what its samples cover, from where the previous batch ended (in the
+            # turn of its own last sample) or the last batch interval without samples. Timed from its first
+            # sample, a batch of one sample read as a burst hundreds of times the rate full resolution
+            # takes, and a healthy link as a thin one. (The forwarder's clock, as the quiet intervals: a
+            # wall clock stepped by NTP does not count as time covered.)
+            span = max(span, now - self._measured)
+        self._measured = now
         summarized = self.adaptive.closed(b.samples, entries, span, self.link.up)
         if not self.link.up:
             self._growth = min(MAX_GROWTH, self._growth * 2)
@@ -350,9 +351,7 @@ class Forwarder(Sender):
         """A batch interval without a sample (sampling paused, a burst over): full resolution took nothing
         over it, and the link is judged again (``Adaptive.idle``), as when a batch closes. Without this, a
         judgement of weak made during a burst stood until the next sample, and no raw batch went."""
-        span, self._open = now - self._open.opened, OpenBatch(now)
-        if self._covered is not None:
-            self._covered += span  # measured: the next batch closed early is timed from here
+        span, self._open, self._measured = now - self._open.opened, OpenBatch(now), now
         self.adaptive.idle(span, self.link.up)
 
     def _store(
