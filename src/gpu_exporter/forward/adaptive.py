@@ -6,6 +6,9 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
 - ``closed``: a batch was closed and spooled. While the link is weak (``LinkMeter.weak``) the batch waits
   in the spool's backlog instead of going ahead as a fresh batch, and the samples go into a summary
   window instead (the first weak batch's samples start it).
+- ``idle``: a batch interval passed without a sample (sampling paused, a burst over). It counts as a batch
+  that took nothing, and the link is judged again as at a batch's close: summarising ends once full
+  resolution fits, without waiting for another sample.
 - ``add``: while weak, each sample joins the open window, which closes at the first sample at which it
   spans a batch interval, the link has taken the previous summary (its last part acknowledged) and the
   pacing window has room for it (a raw batch still on the link: the summary would only wait). On
