@@ -209,6 +209,33 @@ MUTANTS: tuple[Mutant, ...] = (
             "on a weak link full-resolution batches fill the link and the next summary waits behind them",
         ),
         Mutant(
+            "adaptive-quiet-keeps-judgement",
+            "src/gpu_exporter/forward/adaptive.py",
+            "        if self.active and not (connected and self.meter.weak(headroom=LEAVE)):\n            self._end()\n",
+            "",
+            ("tests/unit/forward/test_forward_need.py",),
+            "a weak judgement made during a burst stands until the next sample: no raw batch goes on an idle link",
+        ),
+        Mutant(
+            "forwarder-never-quiet",
+            "src/gpu_exporter/forward/service.py",
+            "        elif not self._open.samples and now - self._open.opened >= self._span():\n            self._idle(now)\n",
+            "",
+            (
+                "tests/integration/test_forward_limits.py::"
+                "test_a_sample_over_the_maximum_is_cut_by_device_and_only_a_series_that_cannot_fit_is_dropped",
+            ),
+            "no batch interval without samples judges the link again: after a burst, summaries for good",
+        ),
+        Mutant(
+            "forwarder-count-closed-timed-from-first-sample",
+            "src/gpu_exporter/forward/service.py",
+            "            span = max(span, now - self._measured)\n",
+            "            pass\n",
+            ("tests/unit/forward/test_forward_need.py",),
+            "a batch closed by its sample count is timed from when it was taken: a healthy link reads as thin",
+        ),
+        Mutant(
             "summary-window-ignores-the-link",
             "src/gpu_exporter/forward/adaptive.py",
             "        if span < self.interval or self._pending is not None or self._fresh or self._delivery is not None:\n",

@@ -6,6 +6,9 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
 - ``closed``: a batch was closed and spooled. While the link is weak (``LinkMeter.weak``) the batch waits
   in the spool's backlog instead of going ahead as a fresh batch, and the samples go into a summary
   window instead (the first weak batch's samples start it).
+- ``idle``: a batch interval passed without a sample (sampling paused, a burst over). It counts as a batch
+  that took nothing, and the link is judged again as at a batch's close: summarising ends once full
+  resolution fits, without waiting for another sample.
 - ``add``: while weak, each sample joins the open window, which closes at the first sample at which it
   spans a batch interval, the link has taken the previous summary (its last part acknowledged) and the
   pacing window has room for it (a raw batch still on the link: the summary would only wait). On
@@ -112,9 +115,7 @@ class Adaptive:
         if weak and entries:
             self._remember(entries, None)  # summarised live: not again after an outage
         if not weak:
-            self._flag(False)
-            self._window, self._start = None, None
-            self.every = 1
+            self._end()
             return False
         if not self.active:  # the first weak batch starts the window; later samples come through ``add``
             self._flag(True)
@@ -125,6 +126,21 @@ class Adaptive:
             self._size(self._window)
             self._due()
         return True
+
+    def idle(self, span: float, connected: bool) -> None:
+        """A batch interval of ``span`` seconds without a sample: full resolution took nothing over it (the
+        link meter's ``need`` falls), and the link is judged again as when a batch closes. A burst that
+        turned summarising on, or a link that recovered, must not hold raw batches back until the next
+        sample: a weak judgement ends once the need over the latest batch intervals fits."""
+        self.meter.produced(0, span)
+        if self.active and not (connected and self.meter.weak(headroom=LEAVE)):
+            self._end()
+
+    def _end(self) -> None:
+        """Full resolution fits (or the broker is away): no summarising, no open window."""
+        self._flag(False)
+        self._window, self._start = None, None
+        self.every = 1
 
     def add(self, sample: Sample) -> None:
         """A sample taken by the forwarder: into the open window while weak."""

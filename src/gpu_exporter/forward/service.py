@@ -104,6 +104,9 @@ class Forwarder(Sender):
         self._previous: Sample | None = None  # the sample taken last, prepared
         self._event_closed = -math.inf  # when an event last closed a batch early
         self._open = OpenBatch(clock())
+        # when the time measured for the need of full resolution ends: the last batch's close, or the last
+        # batch interval without samples (``_idle``)
+        self._measured = clock()
         self._growth = 1
         self._bytes_per_device_sample = 64.0  # running estimate of the payload size
         self._inflight: dict[int, Entry] = {}
@@ -238,6 +241,8 @@ class Forwarder(Sender):
         now = self._clock()
         if self._due(now):
             self._close_batch()
+        elif not self._open.samples and now - self._open.opened >= self._span():
+            self._idle(now)
         if now - self._housekept >= _HOUSEKEEPING:
             self._housekeeping(now)
         self._check_acks(now)
@@ -325,12 +330,29 @@ class Forwarder(Sender):
     def _close_batch(self) -> None:
         b, self._open = self._open, OpenBatch(self._clock())
         entries = self._store(b.samples, b.journal)
-        span = max(self._clock() - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
+        now = self._clock()
+        span = max(now - b.opened, b.samples[-1].timestamp - b.samples[0].timestamp)
+        if now - b.opened < self._span():
+            # Closed early (its sample count or size, an event, a reconnect), mostly in the turn its last
+            # sample came: timed over what its samples cover, from where the previous batch ended (in the
+            # turn of its own last sample) or the last batch interval without samples. Timed from its first
+            # sample, a batch of one sample read as a burst hundreds of times the rate full resolution
+            # takes, and a healthy link as a thin one. (The forwarder's clock, as the quiet intervals: a
+            # wall clock stepped by NTP does not count as time covered.)
+            span = max(span, now - self._measured)
+        self._measured = now
         summarized = self.adaptive.closed(b.samples, entries, span, self.link.up)
         if not self.link.up:
             self._growth = min(MAX_GROWTH, self._growth * 2)
         elif not summarized:  # summarised: the raw batch waits in the backlog for room on the link
             self._live.extend(entries)
+
+    def _idle(self, now: float) -> None:
+        """A batch interval without a sample (sampling paused, a burst over): full resolution took nothing
+        over it, and the link is judged again (``Adaptive.idle``), as when a batch closes. Without this, a
+        judgement of weak made during a burst stood until the next sample, and no raw batch went."""
+        span, self._open, self._measured = now - self._open.opened, OpenBatch(now), now
+        self.adaptive.idle(span, self.link.up)
 
     def _store(
         self, samples: list[Sample], journal: list[str], node: str = "", boot: str = "", hard: int = 0, part: str = ""
