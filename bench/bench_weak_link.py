@@ -25,6 +25,7 @@ import math
 import os
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,7 +35,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.support.netns import netns_unavailable  # noqa: E402
+from tests.support.netns import ShapedLink, netns_unavailable  # noqa: E402
+from tests.support.procs import stop_process  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer  # noqa: E402
 from tests.support.weak_link_rig import Rig  # noqa: E402
 
@@ -47,14 +49,24 @@ def run_rate(
     work: Path,
     out: dict[float, str],
     extra: tuple[str, ...] = (),
+    trace: bool = False,
 ) -> None:
     name = f"b{os.getpid() % 1000}r{rate:.0f}"
-    rig = Rig(name, rate, work / name, tsdb, agent_extra=extra)
+    tracers: list[_Tracer] = []
+    (work / name).mkdir(parents=True, exist_ok=True)
+    rig = Rig(
+        name,
+        rate,
+        work / name,
+        tsdb,
+        agent_extra=extra,
+        on_link=(lambda link: tracers.append(_Tracer(link, work / name))) if trace else None,
+    )
     rows: list[tuple[float, float, float]] = []  # (seconds since start, lag_all, lag_any)
-    rig.start()
-    assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
-    cpu0 = _cpu(rig.agent.proc.pid if rig.agent.proc else 0)
     try:
+        rig.start()
+        assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
+        cpu0 = _cpu(rig.agent.proc.pid if rig.agent.proc else 0)
         end = rig.started + minutes * 60
         while (now := time.monotonic()) < end:
             try:
@@ -70,9 +82,50 @@ def run_rate(
         duplicates = rig.bridge_metric("gpu_exporter_bridge_duplicate_samples_total")
         wire = rig.link.counters()
     finally:
+        for tracer in tracers:
+            tracer.stop()
         connections = rig.broker.connections(f"gpu-exporter-{rig.node}") if rig.broker else 0
         rig.stop()
     out[rate] = _report(rate, minutes, rows, metrics, connections, duplicates, cpu, wire)
+
+
+class _Tracer:
+    """With --trace: every uplink packet (tcpdump, headers only) and TCP's state (``ss -tin``, ``nstat``)
+    every half second, read in the edge namespace, into the run's directory (for a per-second timeline)."""
+
+    def __init__(self, link: ShapedLink, where: Path) -> None:
+        ns = ["ip", "netns", "exec", link.name]
+        self._dump_out = open(where / "uplink.txt", "wb")  # noqa: SIM115 (closed in stop)
+        self._dump = subprocess.Popen(
+            [*ns, "tcpdump", "-i", link.edge_wan, "-n", "-tt", "-l", "-s", "96", "tcp"],
+            stdout=self._dump_out,
+            stderr=subprocess.DEVNULL,
+        )
+        self._ns = ns
+        self._where = where
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        with open(self._where / "tcp.txt", "w") as out:
+            while not self._stop.wait(0.5):
+                ss = subprocess.run([*self._ns, "ss", "-tin", "state", "established"], capture_output=True, text=True)
+                ns = subprocess.run([*self._ns, "nstat", "-az"], capture_output=True, text=True)
+                keep = [
+                    line
+                    for line in ns.stdout.splitlines()
+                    if line.split()[:1]
+                    and line.split()[0] in ("TcpRetransSegs", "TCPSpuriousRtxHostQueues", "TCPLossProbes", "TcpOutSegs")
+                ]
+                out.write(f"@ {time.time():.2f}\n{ss.stdout}{chr(10).join(keep)}\n")
+                out.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        stop_process(self._dump, timeout=5)
+        self._dump_out.close()
 
 
 def _cpu(pid: int) -> float:
@@ -141,6 +194,9 @@ def main() -> int:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between TSDB reads (%(default)s)")
     parser.add_argument("--parallel", action="store_true", help="run every rate at once")
     parser.add_argument("--keep", type=Path, help="keep the logs and every lag reading in this directory")
+    parser.add_argument(
+        "--trace", action="store_true", help="with --keep: every uplink packet and TCP's state, for a timeline"
+    )
     parser.add_argument("--agent-arg", action="append", default=[], help="one more exporter option (repeatable)")
     args = parser.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop runs the clean-up: processes, namespaces
@@ -165,7 +221,9 @@ def main() -> int:
         try:
             if args.parallel:
                 threads = [
-                    threading.Thread(target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra))
+                    threading.Thread(
+                        target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
+                    )
                     for r in rates
                 ]
                 for t in threads:
@@ -174,7 +232,7 @@ def main() -> int:
                     t.join()
             else:
                 for r in rates:
-                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra)
+                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
                     print(out[r], flush=True)
         finally:
             tsdb.stop()
