@@ -1,0 +1,133 @@
+"""A young TCP connection's first segments, sized to its retransmission timer (docs/forwarding.md,
+"TCP's first seconds").
+
+TCP's retransmission timer (RTO) rests on the round trips it has measured. On a thin link whose first
+packets ride a burst (a token bucket's, a radio scheduler's) those are a few milliseconds, so the timer
+starts at its 200 ms floor, while one full segment takes the link seconds (10 s at 150 B/s). The first
+segment that has to wait for the link is then sent twice: the timer fires while it waits in the host's
+queue, and Linux resends it the moment the original leaves, a full segment's worth of the link wasted.
+The broker's own timer is as young: its PUBACK, whose acknowledgement waits behind that segment, comes
+again and again, and each copy costs the uplink a duplicate acknowledgement. Nothing lets an
+unprivileged program raise the timer (the socket option ``TCP_RTO_MIN_US`` only lowers it); only round
+trips that the link made slow grow it.
+
+So, until the timer covers a full segment, the agent hands the kernel one piece at a time, the next only
+once TCP has had the previous acknowledged, each as large as the link carries in ``SHARE`` of the timer
+(at the rate the previous piece measured, its headers counted) and at most twice the previous one. A
+piece that rode a burst measures no rate, and pieces double, as TCP's slow start does: a fast link
+leaves the ramp within a few round trips. On a thin link the first piece that meets an empty bucket is
+still resent by TCP, but it is a small one, and its slow round trip grows the timer: each later piece
+stays within it and grows it further (about 1.6 times a round trip, from what Linux's estimator does
+with such samples), until a full segment fits. The cost is a segment header per piece (66 bytes) for the
+first round trips of a connection. Meanwhile what the broker sends is acknowledged at once (``quick_ack``)
+rather than with the next piece: a PUBACK whose acknowledgement waits two seconds behind a piece comes
+again four times (the broker's timer is as young), and each copy costs the uplink a duplicate
+acknowledgement.
+"""
+
+from __future__ import annotations
+
+import socket
+import struct
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+__all__ = ["FIRST", "HEADERS", "MIN_PIECE", "SHARE", "SegmentRamp", "TcpState", "quick_ack", "tcp_state"]
+
+HEADERS = 66  # bytes a segment takes on the wire beside its payload (Ethernet, IPv4, TCP with timestamps)
+FIRST = 128  # bytes of the first piece, before anything is measured
+MIN_PIECE = 32  # the least piece handed over (below that, headers are most of the link's time)
+SHARE = 0.8  # a piece takes the link at most this share of TCP's timer
+
+# struct tcp_info (linux/tcp.h): eight one-byte fields, then u32s: rto, ato, snd_mss, rcv_mss, unacked,
+# sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv (ms); at
+# byte 144 (Linux 4.6 and later) notsent_bytes
+_INFO = struct.Struct("=8xIIIIIIIIIIIII")
+_NOTSENT = struct.Struct("=144xI")
+_TCP_INFO = getattr(socket, "TCP_INFO", 0)
+_TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)
+
+
+@dataclass(frozen=True)
+class TcpState:
+    """What ``TCP_INFO`` says of a connection now."""
+
+    rto: float  # the retransmission timeout, seconds
+    mss: int  # the largest segment's payload, bytes
+    unacked: int  # segments sent and not acknowledged
+    since_ack: float  # seconds since the last acknowledgement came in
+    notsent: int = 0  # bytes written to the socket that TCP has not sent yet
+
+
+def tcp_state(sock: Any) -> TcpState | None:
+    """``sock``'s TCP state (Linux), or None where the platform or the socket does not say."""
+    if not _TCP_INFO:
+        return None
+    try:
+        info = sock.getsockopt(socket.IPPROTO_TCP, _TCP_INFO, _NOTSENT.size)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if len(info) < _INFO.size:
+        return None
+    rto, _ato, mss, _rmss, unacked, *_rest, last_ack_recv = _INFO.unpack_from(info)
+    notsent = _NOTSENT.unpack_from(info)[0] if len(info) >= _NOTSENT.size else 0
+    return TcpState(rto / 1e6, mss, unacked, last_ack_recv / 1000, notsent)
+
+
+def quick_ack(sock: Any) -> None:
+    """Have TCP acknowledge what came in now, as an acknowledgement of its own (Linux ``TCP_QUICKACK``),
+    rather than with the next piece, which may wait seconds for the link: meanwhile the broker's timer,
+    as young as the agent's, would send its packet again, and each copy costs the uplink a duplicate
+    acknowledgement."""
+    if _TCP_QUICKACK:
+        try:
+            sock.setsockopt(socket.IPPROTO_TCP, _TCP_QUICKACK, 1)
+        except (OSError, ValueError, AttributeError):
+            pass
+
+
+class SegmentRamp:
+    """How many bytes the kernel may be handed now, while the connection is young (the module doc)."""
+
+    def __init__(self, state: Callable[[], TcpState | None], clock: Callable[[], float] = time.monotonic) -> None:
+        self._state = state
+        self._clock = clock
+        self.done = False  # the timer covers a full segment (or TCP says nothing): no limit from now on
+        self.pieces = 0  # pieces handed over so far
+        self._piece = 0  # bytes of the piece TCP has not had acknowledged yet (0: none)
+        self._sent_at = 0.0
+        self._last = 0  # bytes of the last piece acknowledged
+        self._rate = 0.0  # wire bytes per second the last piece took the link (0: none yet)
+
+    def allowance(self) -> int | None:
+        """Bytes that may be handed to the kernel now: None once the ramp is over (no limit), 0 while
+        the piece handed last is not acknowledged."""
+        if self.done:
+            return None
+        st = self._state()
+        if st is None:
+            self.done = True
+            return None
+        if st.unacked or st.notsent:
+            return 0
+        if self._piece:  # acknowledged since: its round trip says what the link carries
+            took = self._clock() - st.since_ack - self._sent_at
+            self._rate = (self._piece + HEADERS) / max(took, 1e-3)
+            self._last, self._piece = self._piece, 0
+        if not self._last:
+            return FIRST
+        fit = int(SHARE * st.rto * self._rate) - HEADERS
+        size = min(fit, 2 * max(self._last, FIRST // 2))
+        if size >= st.mss:
+            self.done = True  # a full segment waits on the link less than TCP's timer
+            return None
+        return max(MIN_PIECE, size)
+
+    def sent(self, size: int) -> None:
+        """``size`` bytes were handed to the kernel (one piece)."""
+        if size > 0 and not self.done:
+            self._piece = size
+            self._sent_at = self._clock()
+            self.pieces += 1
