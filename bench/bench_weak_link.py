@@ -23,6 +23,7 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -96,11 +97,15 @@ class _Tracer:
     def __init__(self, link: ShapedLink, where: Path) -> None:
         ns = ["ip", "netns", "exec", link.name]
         self._dump_out = open(where / "uplink.txt", "wb")  # noqa: SIM115 (closed in stop)
-        self._dump = subprocess.Popen(
-            [*ns, "tcpdump", "-i", link.edge_wan, "-n", "-tt", "-l", "-s", "96", "tcp"],
-            stdout=self._dump_out,
-            stderr=subprocess.DEVNULL,
-        )
+        self._dump: subprocess.Popen[bytes] | None = None
+        if shutil.which("tcpdump") is None:
+            print("bench_weak_link: --trace: no tcpdump here, TCP's state only", file=sys.stderr)
+        else:
+            self._dump = subprocess.Popen(
+                [*ns, "tcpdump", "-i", link.edge_wan, "-n", "-tt", "-l", "-s", "96", "tcp"],
+                stdout=self._dump_out,
+                stderr=subprocess.DEVNULL,
+            )
         self._ns = ns
         self._where = where
         self._stop = threading.Event()
@@ -124,7 +129,8 @@ class _Tracer:
     def stop(self) -> None:
         self._stop.set()
         self._thread.join(5)
-        stop_process(self._dump, timeout=5)
+        if self._dump is not None:
+            stop_process(self._dump, timeout=5)
         self._dump_out.close()
 
 

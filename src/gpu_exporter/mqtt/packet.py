@@ -51,7 +51,7 @@ class PacketGuard:
 
     def send(self, data: bytes | bytearray | memoryview, *flags: int) -> int:
         ramp = self.ramp
-        allowed = ramp.allowance() if ramp is not None else None
+        allowed = ramp.allowance(len(data)) if ramp is not None else None
         if ramp is None or allowed is None:
             self.ramp = None
             return int(self._sock.send(data, *flags))

@@ -15,7 +15,10 @@ So, until the timer covers a full segment, the agent hands the kernel one piece 
 once TCP has had the previous acknowledged, each as large as the link carries in ``SHARE`` of the timer
 (at the rate the previous piece measured, its headers counted) and at most twice the previous one. A
 piece that rode a burst measures no rate, and pieces double, as TCP's slow start does: a fast link
-leaves the ramp within a few round trips. On a thin link the first piece that meets an empty bucket is
+leaves the ramp within a few round trips, once its pieces came back quickly ``QUICK_PIECES`` times or
+with more bytes than a burst lends (``QUICK_BYTES``), however small the packets (a stream of small
+packets never doubles the pieces; each piece that ends inside a packet waits for the peer's delayed
+acknowledgement, 40 ms on Linux). On a thin link the first piece that meets an empty bucket is
 still resent by TCP, but it is a small one, and its slow round trip grows the timer: each later piece
 stays within it and grows it further (about 1.6 times a round trip, from what Linux's estimator does
 with such samples), until a full segment fits. The cost is a segment header per piece (66 bytes) for the
@@ -27,6 +30,7 @@ acknowledgement.
 
 from __future__ import annotations
 
+import logging
 import socket
 import struct
 import time
@@ -34,18 +38,34 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["FIRST", "HEADERS", "MIN_PIECE", "SHARE", "SegmentRamp", "TcpState", "quick_ack", "tcp_state"]
+__all__ = [
+    "FIRST",
+    "FULL",
+    "HEADERS",
+    "MIN_PIECE",
+    "QUICK_BYTES",
+    "SHARE",
+    "SegmentRamp",
+    "TcpState",
+    "quick_ack",
+    "tcp_state",
+]
 
 HEADERS = 66  # bytes a segment takes on the wire beside its payload (Ethernet, IPv4, TCP with timestamps)
 FIRST = 128  # bytes of the first piece, before anything is measured
 MIN_PIECE = 32  # the least piece handed over (below that, headers are most of the link's time)
 SHARE = 0.8  # a piece takes the link at most this share of TCP's timer
+FULL = 1448  # bytes of a full segment on an Ethernet path (loopback's segments are far larger)
+QUICK_BYTES = 3 * FULL  # pieces all back quickly, this many bytes of them: more than a burst lends, a fast link
+QUICK_PIECES = 6  # ... or this many of them (a stream of small packets, which never doubles the pieces)
 
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then u32s: rto, ato, snd_mss, rcv_mss, unacked,
 # sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv (ms); at
 # byte 144 (Linux 4.6 and later) notsent_bytes
 _INFO = struct.Struct("=8xIIIIIIIIIIIII")
 _NOTSENT = struct.Struct("=144xI")
+log = logging.getLogger("gpu_exporter.forward")
+
 _TCP_INFO = getattr(socket, "TCP_INFO", 0)
 _TCP_QUICKACK = getattr(socket, "TCP_QUICKACK", 0)
 
@@ -100,10 +120,14 @@ class SegmentRamp:
         self._sent_at = 0.0
         self._last = 0  # bytes of the last piece acknowledged
         self._rate = 0.0  # wire bytes per second the last piece took the link (0: none yet)
+        self._quick = 0  # bytes of pieces that came back well within the timer (<0: one did not)
+        self._quick_pieces = 0  # how many
 
-    def allowance(self) -> int | None:
-        """Bytes that may be handed to the kernel now: None once the ramp is over (no limit), 0 while
-        the piece handed last is not acknowledged."""
+    def allowance(self, pending: int = 0) -> int | None:
+        """Bytes that may be handed to the kernel now, of ``pending`` waiting: None once the ramp is over
+        (no limit), 0 while the piece handed last is not acknowledged. Until a round trip was slow, a
+        packet's rest of up to twice the piece goes whole: a piece that ends inside a packet waits for
+        the peer's delayed acknowledgement (40 ms on Linux), which on a fast link is most of its time."""
         if self.done:
             return None
         st = self._state()
@@ -112,16 +136,30 @@ class SegmentRamp:
             return None
         if st.unacked or st.notsent:
             return 0
+        full = min(st.mss, FULL)
         if self._piece:  # acknowledged since: its round trip says what the link carries
             took = self._clock() - st.since_ack - self._sent_at
             self._rate = (self._piece + HEADERS) / max(took, 1e-3)
+            if took <= SHARE * st.rto:
+                self._quick += self._piece  # back well within the timer (a burst, or a fast link)
+                self._quick_pieces += 1
+            else:
+                self._quick, self._quick_pieces = -(1 << 30), -(1 << 30)  # a slow round trip: a thin link
+            log.debug("ramp: piece of %d bytes back after %.3fs (TCP's timer %.2fs)", self._piece, took, st.rto)
             self._last, self._piece = self._piece, 0
+        if self._quick >= QUICK_BYTES or self._quick_pieces >= QUICK_PIECES:
+            self.done = True  # more than any burst came back quickly: a fast link
+            log.debug("ramp over after %d pieces, all back quickly (a fast link)", self.pieces)
+            return None
         if not self._last:
             return FIRST
+        if self._quick >= 0 and 0 < pending <= 2 * max(self._last, FIRST):
+            return pending  # nothing slow seen yet, and the rest is small: whole, not a piece ending inside
         fit = int(SHARE * st.rto * self._rate) - HEADERS
         size = min(fit, 2 * max(self._last, FIRST // 2))
-        if size >= st.mss:
+        if size >= full:
             self.done = True  # a full segment waits on the link less than TCP's timer
+            log.debug("ramp over after %d pieces: TCP's timer (%.2fs) covers a full segment", self.pieces, st.rto)
             return None
         return max(MIN_PIECE, size)
 
