@@ -172,6 +172,13 @@ class Link:
         st = tcp_state(guard)
         return st.rto if st is not None else 0.0
 
+    def ramp_quick(self) -> bool:
+        """Whether the connection is young and everything on it came back quickly so far (mqtt/ramp.py):
+        a PUBACK now says nothing of the link's capacity."""
+        guard = self._guard
+        ramp = guard.ramp if guard is not None else None
+        return ramp is not None and ramp.quick()
+
     def packet_limit(self) -> int:
         """The largest PUBLISH to send now: the broker's Maximum Packet Size, within what the link carries
         within the keepalive (``pace_cap``); 0 when neither is known."""

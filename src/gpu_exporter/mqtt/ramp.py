@@ -163,6 +163,15 @@ class SegmentRamp:
             return None
         return max(MIN_PIECE, size)
 
+    def quick(self) -> bool:
+        """Whether the ramp lasts and every piece so far came back well within TCP's timer (a burst, or a
+        fast link not yet told apart from one): a packet acknowledged now measures nothing of the link,
+        whose time is the peer's delayed acknowledgements of its pieces (forward/link_meter.py)."""
+        if self.done or not self.pieces:
+            return False
+        self.allowance()  # takes in an acknowledgement that came since the last look
+        return not self.done and self._quick >= 0
+
     def sent(self, size: int) -> None:
         """``size`` bytes were handed to the kernel (one piece)."""
         if size > 0 and not self.done:

@@ -113,3 +113,19 @@ def test_what_comes_in_on_a_young_connection_is_acknowledged_at_once() -> None:
     assert (socket.IPPROTO_TCP, socket.TCP_QUICKACK, 1) in tcp.options
     tcp.options.clear()
     assert PacketGuard(tcp, 1 << 20).recv(1) and tcp.options == []  # no ramp, no option
+
+
+def test_a_packet_whose_pieces_all_came_back_quickly_measures_nothing() -> None:
+    """The first packets ride the link's burst; split into pieces, each ending inside the packet, they take
+    the broker's delayed acknowledgements (40 ms each), and their PUBACK would read a link of kB/s where
+    it carries 150 B/s (raw batches then went ahead of the first summary: 59 s in minute 2). Until a
+    round trip is slow the ramp says so (``quick``), and the forwarder takes no capacity figure."""
+    tcp = ScriptedTcp()
+    guard = guarded(tcp)
+    assert guard.ramp is not None and not guard.ramp.quick()  # nothing sent yet
+    guard.send(b"x" * 1000)
+    tcp.ack(after=0.045)  # the peer's delayed acknowledgement
+    assert guard.ramp.quick()
+    guard.send(b"x" * 872)
+    tcp.ack(after=(256 + HEADERS) / 150)  # slow: the burst is spent, this is the link
+    assert not guard.ramp.quick()
