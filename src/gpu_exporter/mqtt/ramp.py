@@ -1,5 +1,5 @@
 """A young TCP connection's first segments, sized to its retransmission timer (docs/forwarding.md,
-"TCP's first seconds").
+"Pacing").
 
 TCP's retransmission timer (RTO) rests on the round trips it has measured. On a thin link whose first
 packets ride a burst (a token bucket's, a radio scheduler's) those are a few milliseconds, so the timer
@@ -14,15 +14,16 @@ trips that the link made slow grow it.
 So, until the timer covers a full segment, the agent hands the kernel one piece at a time, the next only
 once TCP has had the previous acknowledged, each as large as the link carries in ``SHARE`` of the timer
 (at the rate the previous piece measured, its headers counted) and at most twice the previous one. A
-piece that rode a burst measures no rate, and pieces double, as TCP's slow start does: a fast link
-leaves the ramp within a few round trips, once its pieces came back quickly ``QUICK_PIECES`` times or
-with more bytes than a burst lends (``QUICK_BYTES``), however small the packets (a stream of small
-packets never doubles the pieces; each piece that ends inside a packet waits for the peer's delayed
-acknowledgement, 40 ms on Linux). On a thin link the first piece that meets an empty bucket is
+piece that rode a burst measures no rate: until a round trip was slow, pieces are at most
+``QUICK_PIECE`` (doubling from ``FIRST`` would make the piece that finds the burst spent a large one:
+844 bytes, 6 s of a 150 B/s link, in one run), and a fast link leaves the ramp once its pieces came back
+quickly ``QUICK_PIECES`` times or with more bytes than a burst lends (``QUICK_BYTES``). On a thin link the first piece that meets an empty bucket is
 still resent by TCP, but it is a small one, and its slow round trip grows the timer: each later piece
 stays within it and grows it further (about 1.6 times a round trip, from what Linux's estimator does
 with such samples), until a full segment fits. The cost is a segment header per piece (66 bytes) for the
-first round trips of a connection. Meanwhile what the broker sends is acknowledged at once (``quick_ack``)
+first round trips of a connection. Until a round trip was slow, a packet's rest of up to twice the
+piece goes whole, and a PUBACK then measures nothing of the link (``quick``: its time was a burst's, or
+the peer's delayed acknowledgements of pieces). Meanwhile what the broker sends is acknowledged at once (``quick_ack``)
 rather than with the next piece: a PUBACK whose acknowledgement waits two seconds behind a piece comes
 again four times (the broker's timer is as young), and each copy costs the uplink a duplicate
 acknowledgement.
@@ -53,6 +54,7 @@ __all__ = [
 
 HEADERS = 66  # bytes a segment takes on the wire beside its payload (Ethernet, IPv4, TCP with timestamps)
 FIRST = 128  # bytes of the first piece, before anything is measured
+QUICK_PIECE = 256  # the largest piece until a round trip was slow (what TCP resends when a burst runs out)
 MIN_PIECE = 32  # the least piece handed over (below that, headers are most of the link's time)
 SHARE = 0.8  # a piece takes the link at most this share of TCP's timer
 FULL = 1448  # bytes of a full segment on an Ethernet path (loopback's segments are far larger)
@@ -125,9 +127,10 @@ class SegmentRamp:
 
     def allowance(self, pending: int = 0) -> int | None:
         """Bytes that may be handed to the kernel now, of ``pending`` waiting: None once the ramp is over
-        (no limit), 0 while the piece handed last is not acknowledged. Until a round trip was slow, a
-        packet's rest of up to twice the piece goes whole: a piece that ends inside a packet waits for
-        the peer's delayed acknowledgement (40 ms on Linux), which on a fast link is most of its time."""
+        (no limit), 0 while the piece handed last is not acknowledged. Until a round trip was slow,
+        pieces are at most ``QUICK_PIECE`` (the first piece that meets a thin link's empty bucket is one
+        of them, and TCP resends it), and a packet's rest of up to that goes whole: a piece that ends
+        inside a packet waits for the peer's delayed acknowledgement (40 ms on Linux)."""
         if self.done:
             return None
         st = self._state()
@@ -151,10 +154,10 @@ class SegmentRamp:
             self.done = True  # more than any burst came back quickly: a fast link
             log.debug("ramp over after %d pieces, all back quickly (a fast link)", self.pieces)
             return None
-        if not self._last:
-            return FIRST
-        if self._quick >= 0 and 0 < pending <= 2 * max(self._last, FIRST):
-            return pending  # nothing slow seen yet, and the rest is small: whole, not a piece ending inside
+        if self._quick >= 0:  # nothing slow yet: a burst, or a fast link not yet told apart from one
+            if 0 < pending <= QUICK_PIECE:
+                return pending  # the rest of a packet, whole: not a piece ending inside it
+            return FIRST if not self._last else QUICK_PIECE
         fit = int(SHARE * st.rto * self._rate) - HEADERS
         size = min(fit, 2 * max(self._last, FIRST // 2))
         if size >= full:

@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from gpu_exporter.mqtt.packet import PacketGuard
-from gpu_exporter.mqtt.ramp import FIRST, HEADERS, MIN_PIECE, SHARE, SegmentRamp, TcpState
+from gpu_exporter.mqtt.ramp import FIRST, HEADERS, MIN_PIECE, QUICK_PIECE, QUICK_PIECES, SHARE, SegmentRamp, TcpState
 
 
 class ScriptedTcp:
@@ -91,7 +91,7 @@ def test_a_fast_link_leaves_the_ramp_within_a_few_round_trips() -> None:
     guard = guarded(tcp)
     while guard.send(b"x" * 100_000) < 100_000:
         tcp.ack(after=0.002)  # every piece back at once: loopback, a LAN, a fast WAN
-    assert len(tcp.written) <= 6
+    assert tcp.written == [FIRST] + [QUICK_PIECE] * (QUICK_PIECES - 1) + [100_000]  # then whole: ramp over
 
 
 def test_without_tcp_state_nothing_is_held_back() -> None:
