@@ -41,6 +41,8 @@ from tests.support.procs import stop_process  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer  # noqa: E402
 from tests.support.weak_link_rig import Rig  # noqa: E402
 
+STOP = threading.Event()  # set by SIGTERM: every rate's run ends and cleans up (processes, namespace)
+
 
 def run_rate(
     rate: float,
@@ -69,7 +71,7 @@ def run_rate(
         assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
         cpu0 = _cpu(rig.agent.proc.pid if rig.agent.proc else 0)
         end = rig.started + minutes * 60
-        while (now := time.monotonic()) < end:
+        while (now := time.monotonic()) < end and not STOP.is_set():
             try:
                 lag_all, lag_any = rig.probe.lag()
             except OSError:
@@ -77,7 +79,7 @@ def run_rate(
             rows.append((now - rig.started, lag_all, lag_any))
             with open(work / name / "lag.tsv", "a") as readings:  # every reading, kept with --keep
                 readings.write(f"{now - rig.started:.1f}\t{lag_all:.1f}\t{lag_any:.1f}\n")
-            time.sleep(max(0.0, poll - (time.monotonic() - now)))
+            STOP.wait(max(0.0, poll - (time.monotonic() - now)))
         metrics = rig.agent.metrics()
         cpu = _cpu(rig.agent.proc.pid if rig.agent.proc else 0) - cpu0
         duplicates = rig.bridge_metric("gpu_exporter_bridge_duplicate_samples_total")
@@ -205,7 +207,12 @@ def main() -> int:
     )
     parser.add_argument("--agent-arg", action="append", default=[], help="one more exporter option (repeatable)")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop runs the clean-up: processes, namespaces
+
+    def stop(*_: object) -> None:  # a stop runs the clean-up: processes, namespaces (each rate's own thread too)
+        STOP.set()
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
     why = netns_unavailable()
     if why:
         print(f"bench_weak_link: {why}", file=sys.stderr)
@@ -234,8 +241,13 @@ def main() -> int:
                 ]
                 for t in threads:
                     t.start()
-                for t in threads:
-                    t.join()
+                try:
+                    for t in threads:
+                        t.join()
+                finally:
+                    STOP.set()  # when interrupted: the threads stop their rigs before the TSDB goes
+                    for t in threads:
+                        t.join(120)
             else:
                 for r in rates:
                     run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
