@@ -11,7 +11,7 @@ again and again, and each copy costs the uplink a duplicate acknowledgement. Not
 unprivileged program raise the timer (the socket option ``TCP_RTO_MIN_US`` only lowers it); only round
 trips that the link made slow grow it.
 
-So, until the timer covers a full segment, the agent hands the kernel one piece at a time, the next only
+So the agent hands the kernel one piece at a time, the next only
 once TCP has had the previous acknowledged, each as large as the link carries in ``SHARE`` of the timer
 (at the rate the previous piece measured, its headers counted) and at most twice the previous one. A
 piece that rode a burst measures no rate: until a round trip was slow, pieces are at most
@@ -20,7 +20,11 @@ piece that rode a burst measures no rate: until a round trip was slow, pieces ar
 quickly ``QUICK_PIECES`` times or with more bytes than a burst lends (``QUICK_BYTES``). On a thin link the first piece that meets an empty bucket is
 still resent by TCP, but it is a small one, and its slow round trip grows the timer: each later piece
 stays within it and grows it further (about 1.6 times a round trip, from what Linux's estimator does
-with such samples), until a full segment fits. The cost is a segment header per piece (66 bytes) for the
+with such samples), until a full segment fits. From then on, for as long as the connection lasts, a
+write larger than the timer covers goes in flights of whole segments, the next once TCP has had the
+previous acknowledged: the timer, now grown from the link's own round trips, stays near them (12-17 s at
+150 B/s), and the second segment of a 2.5 kB summary handed at once waited 17-18 s in the host's queue
+and was resent. The cost is a segment header per piece (66 bytes) for the
 first round trips of a connection. Until a round trip was slow, a packet's rest of up to twice the
 piece goes whole, and a PUBACK then measures nothing of the link (``quick``: its time was a burst's, or
 the peer's delayed acknowledgements of pieces). Meanwhile what the broker sends is acknowledged at once (``quick_ack``)
@@ -116,7 +120,7 @@ class SegmentRamp:
     def __init__(self, state: Callable[[], TcpState | None], clock: Callable[[], float] = time.monotonic) -> None:
         self._state = state
         self._clock = clock
-        self.done = False  # the timer covers a full segment (or TCP says nothing): no limit from now on
+        self.done = False  # a fast link (or TCP says nothing): no limit from now on
         self.pieces = 0  # pieces handed over so far
         self._piece = 0  # bytes of the piece TCP has not had acknowledged yet (0: none)
         self._sent_at = 0.0
@@ -159,12 +163,9 @@ class SegmentRamp:
                 return pending  # the rest of a packet, whole: not a piece ending inside it
             return FIRST if not self._last else QUICK_PIECE
         fit = int(SHARE * st.rto * self._rate) - HEADERS
-        size = min(fit, 2 * max(self._last, FIRST // 2))
-        if size >= full:
-            self.done = True  # a full segment waits on the link less than TCP's timer
-            log.debug("ramp over after %d pieces: TCP's timer (%.2fs) covers a full segment", self.pieces, st.rto)
-            return None
-        return max(MIN_PIECE, size)
+        if fit >= full:  # the timer covers a full segment: whole segments, as many as it covers
+            return fit // full * full
+        return max(MIN_PIECE, min(fit, 2 * max(self._last, FIRST // 2)))
 
     def quick(self) -> bool:
         """Whether the ramp lasts and every piece so far came back well within TCP's timer (a burst, or a

@@ -53,8 +53,9 @@ def guarded(tcp: ScriptedTcp) -> PacketGuard:
 def test_a_young_connection_hands_the_kernel_one_piece_at_a_time_within_tcps_timer() -> None:
     """On a thin link whose first round trips rode a burst, TCP's timer is 0.2 s while a full segment takes
     seconds: a packet handed whole is sent twice by TCP. Pieces go one at a time, each only once TCP has
-    the previous acknowledged; a piece that rode the burst measures nothing and the next one doubles; on
-    a slow link each piece takes at most SHARE of the timer at the rate the previous one measured."""
+    the previous acknowledged; a piece that rode the burst measures nothing; on a slow link each piece
+    takes at most SHARE of the timer at the rate the previous one measured, and once the timer covers a
+    full segment, what it does not cover waits for the acknowledgement of what went before."""
     tcp = ScriptedTcp()
     guard = guarded(tcp)
     packet = b"x" * 3000
@@ -72,18 +73,15 @@ def test_a_young_connection_hands_the_kernel_one_piece_at_a_time_within_tcps_tim
     assert guard.send(packet) == int(SHARE * 1.2 * 150) - HEADERS  # 78: 0.96 s of the link
     tcp.rto = 15.0
     tcp.ack(after=(78 + HEADERS) / 150)
-    assert guard.send(packet) == 2 * 78  # well within the timer, but at most twice the previous piece
-    tcp.ack(after=(156 + HEADERS) / 150)
-    assert guard.send(packet) == 312
-    tcp.ack(after=(312 + HEADERS) / 150)
-    assert guard.send(packet) == 624
-    tcp.ack(after=(624 + HEADERS) / 150)
-    assert guard.send(packet) == 1248
-    tcp.ack(after=(1248 + HEADERS) / 150)
-    assert guard.send(packet) == 3000  # a full segment takes the link less than the timer: ramp over
-    assert tcp.written == [FIRST, 2 * FIRST, MIN_PIECE, 78, 156, 312, 624, 1248, 3000]
-    tcp.unacked = 5
-    assert guard.send(packet) == 3000 and not guard.holding()  # and stays over for the connection
+    assert guard.send(packet) == 1448  # the timer covers a full segment (1.7 kB): whole segments from now on
+    tcp.ack(after=(1448 + HEADERS) / 150)
+    assert guard.send(packet) == 1448  # not 3000: the second segment would wait beyond the timer
+    with pytest.raises(BlockingIOError):
+        guard.send(packet)  # ... so it goes once the first is acknowledged
+    tcp.rto = 40.0
+    tcp.ack(after=(1448 + HEADERS) / 150)
+    assert guard.send(packet) == 3000  # a timer that covers both: the packet whole
+    assert tcp.written == [FIRST, 2 * FIRST, MIN_PIECE, 78, 1448, 1448, 3000]
 
 
 def test_a_fast_link_leaves_the_ramp_within_a_few_round_trips() -> None:
