@@ -146,14 +146,16 @@ class SegmentRamp:
         full = min(st.mss, FULL)
         if self._piece:  # acknowledged since: its round trip says what the link carries
             took = self._clock() - st.since_ack - self._sent_at
-            self._rate = (self._piece + HEADERS) / max(took, 1e-3)
+            if self._piece >= MIN_PIECE or not self._rate:  # a PINGREQ's round trip is mostly the ACK's
+                self._rate = (self._piece + HEADERS) / max(took, 1e-3)
+                self._last = self._piece
             if took <= SHARE * st.rto:
                 self._quick += self._piece  # back well within the timer (a burst, or a fast link)
                 self._quick_pieces += 1
             else:
                 self._quick, self._quick_pieces = -(1 << 30), -(1 << 30)  # a slow round trip: a thin link
             log.debug("ramp: piece of %d bytes back after %.3fs (TCP's timer %.2fs)", self._piece, took, st.rto)
-            self._last, self._piece = self._piece, 0
+            self._piece = 0
         if self._quick >= QUICK_BYTES or self._quick_pieces >= QUICK_PIECES:
             self.done = True  # more than any burst came back quickly: a fast link
             log.debug("ramp over after %d pieces, all back quickly (a fast link)", self.pieces)

@@ -127,3 +127,22 @@ def test_a_packet_whose_pieces_all_came_back_quickly_measures_nothing() -> None:
     guard.send(b"x" * 872)
     tcp.ack(after=(256 + HEADERS) / 150)  # slow: the burst is spent, this is the link
     assert not guard.ramp.quick()
+
+
+def test_a_tiny_packet_between_flights_measures_nothing() -> None:
+    """A PINGREQ (2 bytes) comes back in half a second on a 150 B/s link: taken as the link's rate, its
+    headers and the broker's quick answer made the next flight a full segment where TCP's timer did not
+    cover one, and TCP resent it (1448 bytes in minute 3 of one run)."""
+    tcp = ScriptedTcp()
+    guard = guarded(tcp)
+    guard.send(b"x" * 3000)
+    tcp.ack(after=(FIRST + HEADERS) / 150)  # slow for a timer of 0.2 s: a 150 B/s link
+    assert guard.send(b"x" * 3000) == MIN_PIECE
+    tcp.rto = 12.0  # what TCP's timer is after such round trips: 0.8 of it covers 1440 bytes at 150 B/s
+    tcp.ack(after=(MIN_PIECE + HEADERS) / 150)
+    for piece in (128, 256, 512, 1024):
+        assert guard.send(b"x" * 3000) == piece
+        tcp.ack(after=(piece + HEADERS) / 150)
+    assert guard.send(b"\xc0\x00") == 2  # a PINGREQ
+    tcp.ack(after=0.4)  # 68 bytes in 0.4 s would read 170 B/s: a full segment within 0.8 of the timer
+    assert guard.send(b"x" * 3000) == int(SHARE * 12.0 * 150) - HEADERS  # 1374: it is not
