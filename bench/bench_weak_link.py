@@ -23,8 +23,10 @@ from __future__ import annotations
 import argparse
 import math
 import os
+import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -34,9 +36,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
-from tests.support.netns import netns_unavailable  # noqa: E402
+from tests.support.netns import ShapedLink, netns_unavailable  # noqa: E402
+from tests.support.procs import stop_process  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer  # noqa: E402
 from tests.support.weak_link_rig import Rig  # noqa: E402
+
+STOP = threading.Event()  # set by SIGTERM: every rate's run ends and cleans up (processes, namespace)
 
 
 def run_rate(
@@ -47,16 +52,26 @@ def run_rate(
     work: Path,
     out: dict[float, str],
     extra: tuple[str, ...] = (),
+    trace: bool = False,
 ) -> None:
     name = f"b{os.getpid() % 1000}r{rate:.0f}"
-    rig = Rig(name, rate, work / name, tsdb, agent_extra=extra)
+    tracers: list[_Tracer] = []
+    (work / name).mkdir(parents=True, exist_ok=True)
+    rig = Rig(
+        name,
+        rate,
+        work / name,
+        tsdb,
+        agent_extra=extra,
+        on_link=(lambda link: tracers.append(_Tracer(link, work / name))) if trace else None,
+    )
     rows: list[tuple[float, float, float]] = []  # (seconds since start, lag_all, lag_any)
-    rig.start()
-    assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
-    cpu0 = _cpu(rig.agent.proc.pid if rig.agent.proc else 0)
     try:
+        rig.start()
+        assert rig.agent is not None and rig.probe is not None and rig.broker is not None and rig.link is not None
+        cpu0 = _cpu(rig.agent.proc.pid if rig.agent.proc else 0)
         end = rig.started + minutes * 60
-        while (now := time.monotonic()) < end:
+        while (now := time.monotonic()) < end and not STOP.is_set():
             try:
                 lag_all, lag_any = rig.probe.lag()
             except OSError:
@@ -64,15 +79,61 @@ def run_rate(
             rows.append((now - rig.started, lag_all, lag_any))
             with open(work / name / "lag.tsv", "a") as readings:  # every reading, kept with --keep
                 readings.write(f"{now - rig.started:.1f}\t{lag_all:.1f}\t{lag_any:.1f}\n")
-            time.sleep(max(0.0, poll - (time.monotonic() - now)))
+            STOP.wait(max(0.0, poll - (time.monotonic() - now)))
         metrics = rig.agent.metrics()
         cpu = _cpu(rig.agent.proc.pid if rig.agent.proc else 0) - cpu0
         duplicates = rig.bridge_metric("gpu_exporter_bridge_duplicate_samples_total")
         wire = rig.link.counters()
     finally:
+        for tracer in tracers:
+            tracer.stop()
         connections = rig.broker.connections(f"gpu-exporter-{rig.node}") if rig.broker else 0
         rig.stop()
     out[rate] = _report(rate, minutes, rows, metrics, connections, duplicates, cpu, wire)
+
+
+class _Tracer:
+    """With --trace: every uplink packet (tcpdump, headers only) and TCP's state (``ss -tin``, ``nstat``)
+    every half second, read in the edge namespace, into the run's directory (for a per-second timeline)."""
+
+    def __init__(self, link: ShapedLink, where: Path) -> None:
+        ns = ["ip", "netns", "exec", link.name]
+        self._dump_out = open(where / "uplink.txt", "wb")  # noqa: SIM115 (closed in stop)
+        self._dump: subprocess.Popen[bytes] | None = None
+        if shutil.which("tcpdump") is None:
+            print("bench_weak_link: --trace: no tcpdump here, TCP's state only", file=sys.stderr)
+        else:
+            self._dump = subprocess.Popen(
+                [*ns, "tcpdump", "-i", link.edge_wan, "-n", "-tt", "-l", "-s", "96", "tcp"],
+                stdout=self._dump_out,
+                stderr=subprocess.DEVNULL,
+            )
+        self._ns = ns
+        self._where = where
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._poll, daemon=True)
+        self._thread.start()
+
+    def _poll(self) -> None:
+        with open(self._where / "tcp.txt", "w") as out:
+            while not self._stop.wait(0.5):
+                ss = subprocess.run([*self._ns, "ss", "-tin", "state", "established"], capture_output=True, text=True)
+                ns = subprocess.run([*self._ns, "nstat", "-az"], capture_output=True, text=True)
+                keep = [
+                    line
+                    for line in ns.stdout.splitlines()
+                    if line.split()[:1]
+                    and line.split()[0] in ("TcpRetransSegs", "TCPSpuriousRtxHostQueues", "TCPLossProbes", "TcpOutSegs")
+                ]
+                out.write(f"@ {time.time():.2f}\n{ss.stdout}{chr(10).join(keep)}\n")
+                out.flush()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(5)
+        if self._dump is not None:
+            stop_process(self._dump, timeout=5)
+        self._dump_out.close()
 
 
 def _cpu(pid: int) -> float:
@@ -141,9 +202,17 @@ def main() -> int:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between TSDB reads (%(default)s)")
     parser.add_argument("--parallel", action="store_true", help="run every rate at once")
     parser.add_argument("--keep", type=Path, help="keep the logs and every lag reading in this directory")
+    parser.add_argument(
+        "--trace", action="store_true", help="with --keep: every uplink packet and TCP's state, for a timeline"
+    )
     parser.add_argument("--agent-arg", action="append", default=[], help="one more exporter option (repeatable)")
     args = parser.parse_args()
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))  # a stop runs the clean-up: processes, namespaces
+
+    def stop(*_: object) -> None:  # a stop runs the clean-up: processes, namespaces (each rate's own thread too)
+        STOP.set()
+        sys.exit(1)
+
+    signal.signal(signal.SIGTERM, stop)
     why = netns_unavailable()
     if why:
         print(f"bench_weak_link: {why}", file=sys.stderr)
@@ -165,16 +234,23 @@ def main() -> int:
         try:
             if args.parallel:
                 threads = [
-                    threading.Thread(target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra))
+                    threading.Thread(
+                        target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
+                    )
                     for r in rates
                 ]
                 for t in threads:
                     t.start()
-                for t in threads:
-                    t.join()
+                try:
+                    for t in threads:
+                        t.join()
+                finally:
+                    STOP.set()  # when interrupted: the threads stop their rigs before the TSDB goes
+                    for t in threads:
+                        t.join(120)
             else:
                 for r in rates:
-                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra)
+                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
                     print(out[r], flush=True)
         finally:
             tsdb.stop()

@@ -30,6 +30,9 @@ from typing import Any
 
 __all__ = ["ShapedLink", "netns_unavailable"]
 
+# Namespaces are named after the worktree that makes them (the machine is shared): ``link-`` unless the
+# environment names another prefix.
+PREFIX = os.environ.get("NETNS_PREFIX", "link") + "-"
 BURST = 1600  # bytes: one full-size frame, the least tbf accepts at MTU 1500
 QUEUE = 32 * 1024  # bytes the bucket queues before it drops
 
@@ -81,8 +84,8 @@ class ShapedLink:
     """An edge namespace behind a shaped veth; see the module doc."""
 
     def __init__(self, name: str, rate: float, down_rate: float | None = None) -> None:
-        if not name.startswith("link-") or len(name) > 40:
-            raise ValueError("namespace names start with link- (this worktree's prefix) and stay short")
+        if not name.startswith(PREFIX) or len(name) > 40:
+            raise ValueError(f"namespace names start with {PREFIX} (this worktree's prefix) and stay short")
         self.name = name
         self.rate = rate  # bytes per second, edge to cloud
         self.down_rate = down_rate or rate  # cloud to edge
@@ -142,6 +145,11 @@ class ShapedLink:
     def restore(self) -> None:
         _ip("-n", self.name, "link", "set", self._edge_wan, "up")
         self.shape(self.rate, self.down_rate)
+
+    @property
+    def edge_wan(self) -> str:
+        """The edge end of the shaped WAN (what leaves the node through it is the uplink)."""
+        return self._edge_wan
 
     def popen(self, cmd: list[str], **kwargs: Any) -> subprocess.Popen[bytes]:
         """``cmd`` inside the edge namespace; ``ip netns exec`` execs it, so the PID is the program's own."""

@@ -17,11 +17,12 @@ import sys
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import paths
-from .netns import ShapedLink
+from .netns import PREFIX, ShapedLink
 from .procs import stop_process
 from .tsdb import MOSQUITTO, MosquittoServer, VictoriaMetricsServer, free_port, http_get
 
@@ -179,6 +180,7 @@ class Rig:
     tsdb: VictoriaMetricsServer
     agent_extra: tuple[str, ...] = ()
     broker_extra: str = ""
+    on_link: Callable[[ShapedLink], None] | None = None  # called once the link is up, before anything uses it
     link: ShapedLink | None = None
     broker: CloudBroker | None = None
     bridge: subprocess.Popen[bytes] | None = None
@@ -192,7 +194,9 @@ class Rig:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.node = f"edge-{self.name}"
         try:
-            self.link = ShapedLink(f"link-{self.name}", self.rate).open()
+            self.link = ShapedLink(f"{PREFIX}{self.name}", self.rate).open()
+            if self.on_link is not None:
+                self.on_link(self.link)
             self.broker = CloudBroker(self.workdir / "mqtt", self.link.cloud_ip, self.broker_extra)
             self.broker.start()
             self._bridge_port = free_port()

@@ -21,6 +21,7 @@ import errno
 import logging
 import math
 import random
+import select
 import socket
 import ssl
 import struct
@@ -38,6 +39,7 @@ from gpu_exporter.config import error_reason as _reason
 from gpu_exporter.mqtt import sendtime
 from gpu_exporter.mqtt.client import new_client
 from gpu_exporter.mqtt.packet import PacketGuard, publish_size
+from gpu_exporter.mqtt.ramp import SegmentRamp, tcp_state
 from gpu_exporter.mqtt.settings import LinkSettings, read_password
 
 __all__ = ["Link"]
@@ -50,11 +52,7 @@ _REPEAT = 60.0  # seconds before the same problem is logged again
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
 SESSION_TAKEN_OVER = 0x8E  # MQTT 5 DISCONNECT reason: another client connected with the same client id
 _UNSPECIFIED = 0x80  # what paho reports for a connection the peer closed without a reason
-
-
-# struct tcp_info (linux/tcp.h): eight one-byte fields, then tcpi_rto in microseconds
-_TCPI_RTO = 8
-_TCP_INFO_LEN = 104
+_HOLD_POLL = 0.02  # seconds between looks at TCP's state while the ramp holds a write back (mqtt/ramp.py)
 
 
 class Link:
@@ -122,9 +120,33 @@ class Link:
         if self.state == "connecting" and now > self._connect_deadline:
             self._fail("unreachable", f"broker at {self._where()} did not answer CONNECT in time")
             return
-        rc = client.loop(timeout=timeout)
+        rc = self._loop(client, timeout)
         if rc not in (MQTTErrorCode.MQTT_ERR_SUCCESS,) and self._client is client and self.state != "down":
             self._lost(paho.error_string(rc))
+
+    def _loop(self, client: paho.Client, timeout: float) -> MQTTErrorCode:
+        """paho's loop, but while the guard holds a write back (a young connection's piece not yet
+        acknowledged by TCP, mqtt/ramp.py) it waits for the socket to be readable only, looking at TCP's
+        state every ``_HOLD_POLL`` seconds, and writes as soon as the piece is acknowledged: paho's own
+        loop would find the socket writable at once, and spin."""
+        guard = self._guard
+        if guard is None or not client.want_write() or not guard.holding():
+            return client.loop(timeout=timeout)
+        for _ in range(max(1, math.ceil(timeout / _HOLD_POLL))):
+            pending = getattr(guard, "pending", None)  # TLS: bytes already decrypted
+            readable = (callable(pending) and pending() > 0) or select.select([guard], [], [], _HOLD_POLL)[0]
+            if readable:
+                rc = client.loop_read()
+                if rc != MQTTErrorCode.MQTT_ERR_SUCCESS or self._client is not client:
+                    return rc
+            if not guard.holding():
+                rc = client.loop_write()
+                if rc != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                    return rc
+                break
+            if readable:
+                break
+        return client.loop_misc()
 
     def wait_hint(self) -> float:
         """Seconds until the next connection attempt (0 when not waiting for one)."""
@@ -145,13 +167,17 @@ class Link:
         """TCP's retransmission timeout on the connection now, in seconds (Linux ``TCP_INFO``); 0 when not
         known. The link meter keeps what is in flight within it (forward/link_meter.py, "Pacing")."""
         guard = self._guard
-        if guard is None or self.state != "up" or not hasattr(socket, "TCP_INFO"):
+        if guard is None or self.state != "up":
             return 0.0
-        try:
-            info = guard.getsockopt(socket.IPPROTO_TCP, socket.TCP_INFO, _TCP_INFO_LEN)
-        except (OSError, ValueError):
-            return 0.0
-        return struct.unpack_from("=I", info, _TCPI_RTO)[0] / 1e6 if len(info) >= _TCPI_RTO + 4 else 0.0
+        st = tcp_state(guard)
+        return st.rto if st is not None else 0.0
+
+    def ramp_quick(self) -> bool:
+        """Whether the connection is young and everything on it came back quickly so far (mqtt/ramp.py):
+        a PUBACK now says nothing of the link's capacity."""
+        guard = self._guard
+        ramp = guard.ramp if guard is not None else None
+        return ramp is not None and ramp.quick()
 
     def packet_limit(self) -> int:
         """The largest PUBLISH to send now: the broker's Maximum Packet Size, within what the link carries
@@ -200,7 +226,7 @@ class Link:
             client.disconnect()
             deadline = self._clock() + flush
             while self._client is client and self._clock() < deadline:
-                if client.loop(timeout=0.05) != MQTTErrorCode.MQTT_ERR_SUCCESS:
+                if self._loop(client, 0.05) != MQTTErrorCode.MQTT_ERR_SUCCESS:
                     break
         self._drop_client()
         self.state = "down"
@@ -239,7 +265,8 @@ class Link:
             client.connect(s.host, s.port, keepalive=s.keepalive, clean_start=True if v5 else 3, properties=props)
             sock = getattr(client, "_sock", None)  # paho's socket, read through the guard from now on
             if sock is not None:
-                self._guard = PacketGuard(sock, s.max_incoming)
+                ramp = SegmentRamp(lambda: tcp_state(sock)) if isinstance(sock, socket.socket) else None
+                self._guard = PacketGuard(sock, s.max_incoming, ramp)
                 client._sock = self._guard
         except ssl.SSLCertVerificationError as exc:
             self._fail(

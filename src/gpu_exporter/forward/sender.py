@@ -297,7 +297,9 @@ class Sender:
         return None
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
-        self.meter.acked(mid, self._clock(), self.link.status_rtt)
+        # a packet whose pieces all came back quickly (a burst, or a fast link still in the young
+        # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure
+        self.meter.acked(mid, self._clock(), math.inf if self.link.ramp_quick() else self.link.status_rtt)
         self._stalled = ""  # the broker answers
         if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)

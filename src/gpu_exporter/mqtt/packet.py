@@ -1,6 +1,7 @@
 """MQTT packets by size: how many bytes a PUBLISH takes (``publish_size``), the largest payload that fits
 a Maximum Packet Size (``payload_budget``), and a socket wrapper that refuses an incoming packet over
-the size announced in CONNECT before reading its body (``PacketGuard``)."""
+the size announced in CONNECT before reading its body, and hands the kernel a young connection's
+outgoing bytes in pieces TCP's timer covers (``PacketGuard``, mqtt/ramp.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import errno
 from typing import Any
 
 from gpu_exporter.mqtt import sendtime
+from gpu_exporter.mqtt.ramp import SegmentRamp, quick_ack
 
 __all__ = ["PacketGuard", "payload_budget", "publish_size"]
 
@@ -21,12 +23,16 @@ class PacketGuard:
     for the rest of the packet in one recv() (which allocates that much at once). Through the guard a
     packet whose remaining length puts it over ``limit`` (the Maximum Packet Size the agent announced)
     is refused as soon as its header is in, before one byte of its body is read, and no read asks for
-    more than ``_CHUNK`` bytes. Everything else is the socket's own.
+    more than ``_CHUNK`` bytes. With a ``ramp``, what paho writes goes to the kernel one piece at a
+    time while the connection is young (mqtt/ramp.py): a write the ramp holds back raises
+    ``BlockingIOError``, and paho keeps the rest of the packet for a later write; and what comes in is
+    acknowledged at once, not on the next piece. Everything else is the socket's own.
     """
 
-    def __init__(self, sock: Any, limit: int) -> None:
+    def __init__(self, sock: Any, limit: int, ramp: SegmentRamp | None = None) -> None:
         self._sock = sock
         self.limit = limit
+        self.ramp = ramp
         self.violation = 0  # the size of the packet refused (0: none)
         self._header: list[int] = []  # bytes of the current fixed header read so far
         self._body = 0  # bytes of the current packet's body still to come
@@ -34,10 +40,33 @@ class PacketGuard:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._sock, name)
 
+    def holding(self) -> bool:
+        """Whether the ramp holds writes back now (the piece handed last is not acknowledged yet)."""
+        ramp = self.ramp
+        allowed = ramp.allowance() if ramp is not None else None
+        if allowed is None:
+            self.ramp = None
+            return False
+        return allowed == 0
+
+    def send(self, data: bytes | bytearray | memoryview, *flags: int) -> int:
+        ramp = self.ramp
+        allowed = ramp.allowance(len(data)) if ramp is not None else None
+        if ramp is None or allowed is None:
+            self.ramp = None
+            return int(self._sock.send(data, *flags))
+        if not allowed:
+            raise BlockingIOError(errno.EAGAIN, "waiting for TCP to acknowledge the piece on the link")
+        sent = int(self._sock.send(memoryview(data)[:allowed], *flags))
+        ramp.sent(sent)
+        return sent
+
     def recv(self, bufsize: int, *flags: int) -> bytes:
         if self.violation:
             raise ConnectionAbortedError(errno.ECONNABORTED, "packet over the Maximum Packet Size")
         data: bytes = self._sock.recv(min(bufsize, self._body, _CHUNK) if self._body else 1, *flags)
+        if self.ramp is not None and data:
+            quick_ack(self._sock)
         if self._body:
             self._body -= len(data)
             return data
