@@ -176,7 +176,7 @@ class _Plan:
             self.template = b""
             self._pairs = pairs
 
-    def bodies(self, values: list[list[float]]) -> list[memoryview] | list[bytes]:
+    def bodies(self, values: list[list[float]]) -> list[bytes | memoryview]:
         """Each series' samples, for the values of a group of series (``len`` of each: the stamps')."""
         if self.struct is not None:
             return [self._packed(v) for v in values]

@@ -18,13 +18,14 @@ import dataclasses
 import itertools
 import math
 import operator
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, SeriesKey
 from gpu_exporter.payload import document
+from gpu_exporter.payload.deltas import POWERS, Deltas
 from gpu_exporter.payload.document import read_column, read_device, read_header
 from gpu_exporter.payload.frame import INFLATE_FLOOR, INFLATE_RATIO, inflate_limit, parse_text, unframe
 from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, PayloadError
@@ -160,8 +161,6 @@ def _check_encodable(batch: ColumnBatch) -> None:
 _INT = {int}
 _NUMBER = {int, float}
 _REF_KEYS = frozenset(("ref", "sign", "add"))
-# Every value of a delta column decoded here within ±_BOUND (see _Deltas); wider ones go to the codec.
-_BOUND = SAFE_INT // 4
 
 
 def _columns(
@@ -172,43 +171,22 @@ def _columns(
     codec's own ``read_column`` can make one).
 
     Integer-delta columns (the encoder's usual output), finite constants and plain finite values are
-    decoded here, the delta columns all together by a few C-level passes (``_Deltas``); any other
+    decoded here, the delta columns all together by a few C-level passes (``Deltas``); any other
     column (a reference, a column with a null or a value out of the usual range, anything invalid) goes
     through the codec's own ``read_column``, in order, after them, so that it is refused in the codec's
     own words. ``bools``: the JSON text may hold ``true`` or ``false`` (a boolean is an int to Python's
     arithmetic, and the codec refuses one where it wants an integer)."""
     out: list[list[float | None] | None] = [None] * len(cols)
-    fast = _Deltas(bools)
+    fast = Deltas(bools)
     left: list[int] = []  # for read_column
     plain: list[int] = []  # plain-value columns decoded here
-    has_step = HAS_STEP
-    v3 = version >= 3
-    plain_len, stepped_len = n + 1, n + 2
-    for j, col in enumerate(cols):
+    if version >= 3:
+        _version_3(cols, n, counters, fast, out, left, plain)
+        cols_left: Iterable[tuple[int, Any]] = ()
+    else:
+        cols_left = enumerate(cols)
+    for j, col in cols_left:  # versions 1 and 2
         kind = type(col)
-        if kind is list and v3:  # [form, (step), deltas...]
-            form = col[0] if col else -1
-            if type(form) is int:
-                if 0 <= form < has_step:
-                    if len(col) == plain_len and fast.add(j, col[1:], form % 10, 1, form >= 10, j in counters):
-                        continue
-                elif has_step <= form < 2 * has_step and len(col) == stepped_len:
-                    step = col[1]
-                    if (
-                        type(step) is int
-                        and 1 <= step < _SAFE
-                        and fast.add(j, col[2:], form % 10, step, form >= has_step + 10, j in counters)
-                    ):
-                        continue
-            left.append(j)
-            continue
-        if (kind is int or kind is float) and v3:  # a constant
-            value = float(col)
-            if math.isfinite(value):
-                out[j] = [value] * n
-            else:
-                left.append(j)
-            continue
         if col is None:
             continue
         if kind is not dict:
@@ -232,7 +210,6 @@ def _columns(
         if not (
             type(deltas) is list
             and len(deltas) == n
-            and not v3  # version 3 writes delta arrays
             and len(col) == 1 + ("scale" in col) + ("step" in col) + ("order" in col and version >= 2)
             and type(scale) is int
             and 0 <= scale <= MAX_SCALE
@@ -244,6 +221,7 @@ def _columns(
         ):
             left.append(j)
     rising = fast.decode(out, left) if fast else True
+    v3 = version >= 3
     nonfinite = gaps = False
     if left:
         left.sort()  # in order: a reference names an earlier column, decoded by then
@@ -263,114 +241,62 @@ def _columns(
     return out, nonfinite, rising, gaps
 
 
-class _Deltas:
-    """One device's integer-delta columns, decoded together.
-
-    ``add`` takes a column's deltas (a copy: second-order ones are summed once in place, back to
-    first-order deltas); ``decode`` turns every column's deltas into its values, running totals times
-    the column's step, and checks them all at once: each column's last value is an int (a float delta
-    makes every later total a float, a null or any other JSON value fails the sum or makes a total that
-    is not an int), barring a boolean, and every value is within ±2**51 (a column whose deltas after
-    the first are none negative has its extremes at its ends). Then every value is below the codec's
-    2**53, and so is every delta and every first-order delta of a second-order column, each a
-    difference of two totals. A column that fails goes to the codec's own reader."""
-
-    __slots__ = ("bools", "counters", "lists", "positions", "scales", "steps")
-
-    def __init__(self, bools: bool) -> None:
-        self.bools = bools
-        # per column, those with a step of 1 first (index 0), then the others (index 1)
-        self.positions: tuple[list[int], list[int]] = ([], [])
-        self.lists: tuple[list[list[Any]], list[list[Any]]] = ([], [])  # first-order deltas
-        self.steps: list[int] = []  # of those with a step above 1
-        self.scales: tuple[list[int], list[int]] = ([], [])  # 10 ** scale
-        self.counters: tuple[list[bool], list[bool]] = ([], [])
-
-    def add(self, j: int, deltas: list[Any], scale: int, step: int, second: bool, counter: bool) -> bool:
-        if second and deltas:
-            if self.bools and not set(map(type, deltas)) <= _INT:  # the sum would hide a boolean
-                return False
-            try:
-                deltas[1:] = itertools.accumulate(deltas[1:])
-            except TypeError:
-                return False
-        i = step != 1
-        if i:
-            self.steps.append(step)
-        self.positions[i].append(j)
-        self.lists[i].append(deltas)
-        self.scales[i].append(10**scale)
-        self.counters[i].append(counter)
-        return True
-
-    def __bool__(self) -> bool:
-        return bool(self.positions[0] or self.positions[1])
-
-    def decode(self, out: list[list[float | None] | None], left: list[int]) -> bool:
-        """Every column into ``out`` (those that fail the checks into ``left``); True when every
-        counter column is known not to go down."""
-        lists = self.lists[0] + self.lists[1]
-        repeat, accumulate, islice = itertools.repeat, itertools.accumulate, itertools.islice
-        try:
-            values: list[list[Any]] = list(map(list, map(accumulate, self.lists[0])))
-            values += map(list, map(map, repeat(operator.mul), map(accumulate, self.lists[1]), map(repeat, self.steps)))
-            if len(lists[0]) > 1:  # whether each column's deltas after its first are none negative
-                rising = list(map(operator.ge, map(min, map(islice, lists, repeat(1), repeat(None))), repeat(0)))
-            else:
-                rising = [True] * len(lists)
-            others = list(itertools.compress(values, map(operator.not_, rising)))
-            ordered = list(itertools.compress(values, rising))
-            ok = (
-                set(map(type, map(_LAST, values))) == _INT
-                and max(map(max, others), default=0) < _BOUND
-                and min(map(min, others), default=0) > -_BOUND
-                and max(map(_LAST, ordered), default=0) < _BOUND
-                and min(map(_FIRST, ordered), default=0) > -_BOUND
-                and (not self.bools or set(map(type, itertools.chain.from_iterable(lists))) <= _INT)
-            )
-        except (TypeError, ValueError):  # a null or a string among them; an empty list
-            ok = False
-        if not ok:
-            return self._one_by_one(out, left)
-        scales = self.scales[0] + self.scales[1]
-        for k in itertools.compress(range(len(scales)), map(operator.ne, scales, repeat(1))):
-            values[k] = list(map(operator.truediv, values[k], repeat(scales[k])))  # else ints: the same as floats
-        for j, col in zip(self.positions[0] + self.positions[1], values, strict=True):
-            out[j] = col
-        # a step of at least 1 and a positive divisor keep the order
-        return all(itertools.compress(rising, self.counters[0] + self.counters[1]))
-
-    def _one_by_one(self, out: list[list[float | None] | None], left: list[int]) -> bool:
-        """``decode``, column by column, when the columns failed it together."""
-        keep = _Deltas(False)
-        columns = zip(
-            self.positions[0] + self.positions[1],
-            self.lists[0] + self.lists[1],
-            [1] * len(self.lists[0]) + self.steps,
-            self.scales[0] + self.scales[1],
-            self.counters[0] + self.counters[1],
-            strict=True,
-        )
-        for j, deltas, step, p, counter in columns:
-            try:
-                values = list(itertools.accumulate(deltas))
-                ok = (
-                    type(values[-1]) is int
-                    and max(values) * step < _BOUND
-                    and min(values) * step > -_BOUND
-                    and (not self.bools or set(map(type, deltas)) <= _INT)
-                )
-            except (TypeError, ValueError, IndexError):
-                ok = False
-            if ok:
-                keep.add(j, deltas, len(str(p)) - 1, step, False, counter)
+def _version_3(
+    cols: list[Any],
+    n: int,
+    counters: frozenset[int],
+    fast: Deltas,
+    out: list[list[float | None] | None],
+    left: list[int],
+    plain: list[int],
+) -> None:
+    """``_columns``'s sorting of a version 3 device's columns: constants decoded, delta arrays to
+    ``fast``, plain values decoded (their positions in ``plain``), the rest to ``left``. The usual
+    first-order delta array is taken in line, without a call."""
+    has_step, plain_len, stepped_len = HAS_STEP, n + 1, n + 2
+    isfinite = math.isfinite
+    positions, lists, scales, flags = fast.positions[0], fast.lists[0], fast.scales[0], fast.counters[0]
+    for j, col in enumerate(cols):
+        kind = type(col)
+        if kind is list:  # [form, (step), deltas...]
+            form = col[0] if col else -1
+            if type(form) is int:
+                if 0 <= form < 10 and len(col) == plain_len:  # first order, no step
+                    positions.append(j)
+                    lists.append(col[1:])
+                    scales.append(POWERS[form])
+                    flags.append(j in counters)
+                    continue
+                if 0 <= form < has_step:
+                    if len(col) == plain_len and fast.add(j, col[1:], form % 10, 1, True, j in counters):
+                        continue
+                elif has_step <= form < 2 * has_step and len(col) == stepped_len:
+                    step = col[1]
+                    if (
+                        type(step) is int
+                        and 1 <= step < _SAFE
+                        and fast.add(j, col[2:], form % 10, step, form >= has_step + 10, j in counters)
+                    ):
+                        continue
+            left.append(j)
+        elif kind is int or kind is float:  # a constant
+            value = float(col)
+            if isfinite(value):
+                out[j] = [value] * n
             else:
                 left.append(j)
-        return keep.decode(out, left) if keep else True
-
-
-_FIRST = operator.itemgetter(0)
-_LAST = operator.itemgetter(-1)
+        elif kind is dict:
+            raw = col.get("values")
+            # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
+            if type(raw) is list and len(col) == 1 and len(raw) == n and set(map(type, raw)) <= _NUMBER:
+                floats = list(map(float, raw))
+                if all(map(isfinite, floats)):
+                    out[j] = floats  # type: ignore[assignment]
+                    plain.append(j)
+                    continue
+            left.append(j)
+        elif col is not None:
+            left.append(j)
 
 
 def _reference(col: dict[str, Any], out: list[list[float | None] | None], j: int) -> list[float | None] | None:
