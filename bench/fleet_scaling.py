@@ -6,7 +6,12 @@ only the bridge's own code is timed. Round 1 is every node's first batch; rounds
 nodes again (the replay memory is cleared between rounds, so the batches count as new): the steady
 state. Printed per node count: CPU per GPU-sample in each round (process time; the first round also
 pays for new series), and how much the process's RSS grew from before the bridge was made to after
-the rounds (what the bridge holds, with the allocator's own slack). Bridge sources to compare are given as directories (e.g. ``git archive`` of another commit).
+the rounds (what the bridge holds, with the allocator's own slack). The bridge gets the options an
+operator of a fleet that size sets, as bench_fleet.py passes them (``fleet_args``: a series budget for
+every node's 848 series and room for every node's name), read by the bridge's own command-line parser;
+with the defaults a 1,000-node fleet would have most of its series refused, and refused series cost
+nothing to write. Bridge sources to compare are given as directories (e.g. ``git archive`` of another
+commit).
 
     PYTHONPATH=src python bench/fleet_scaling.py --nodes 100,1000,5000 [--src base=/tmp/base/src ...]
 """
@@ -36,12 +41,14 @@ def child(nodes: int, group: int) -> None:
     """Runs in a fresh interpreter whose sys.path starts with the bridge source under test."""
     from prometheus_client import CollectorRegistry
 
+    from bench_fleet import fleet_args
     from fleet_payloads import Templates
+    from gpu_exporter import config as cfg
     from gpu_exporter.bridge import sender
+    from gpu_exporter.bridge.cli import build_parser, settings_from
     from gpu_exporter.bridge.clock import Stamp
     from gpu_exporter.bridge.dedup import SeqTracker
     from gpu_exporter.bridge.service import Bridge, Received
-    from gpu_exporter.bridge.settings import BridgeSettings
 
     gc.set_threshold(50_000, 50, 100)  # as `gpu-exporter bridge` (cli.tune_gc)
     sender.RemoteWriter._round_trip = lambda self, body: (204, b"", None)  # type: ignore[method-assign]
@@ -56,9 +63,10 @@ def child(nodes: int, group: int) -> None:
     del payloads
     gc.collect()
     before = _rss()
-    bridge = Bridge(
-        BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url="http://127.0.0.1:1/"), CollectorRegistry()
-    )
+    argv = ["--mqtt.url=mqtt://127.0.0.1:1", "--remote-write.url=http://127.0.0.1:1/", *fleet_args(nodes)]
+    settings = settings_from(cfg.load(vars(build_parser().parse_args(argv))))
+    registry = CollectorRegistry()
+    bridge = Bridge(settings, registry)
     rounds = []
     for _r in range(3):
         bridge.dedup = SeqTracker()
@@ -66,9 +74,16 @@ def child(nodes: int, group: int) -> None:
         for i in range(0, len(msgs), group):
             bridge.process(msgs[i : i + group])
         rounds.append((time.process_time() - start) / gpu_samples * 1e6)
+    limited = sum(
+        s.value
+        for m in registry.collect()
+        if m.name.endswith("series_limited")
+        for s in m.samples
+        if s.name.endswith("_total")
+    )
     gc.collect()
     held = _rss() - before
-    print(f"{rounds[0]:.1f} {rounds[1]:.1f} {rounds[2]:.1f} {held / 1e6:.1f}")
+    print(f"{rounds[0]:.1f} {rounds[1]:.1f} {rounds[2]:.1f} {held / 1e6:.1f} {int(limited)}")
 
 
 def main() -> int:
@@ -87,8 +102,10 @@ def main() -> int:
         f"round, {args.group} message(s) per call; CPU us per GPU-sample: first contact / steady / steady; "
         "RSS growth of the process over the rounds"
     )
-    print("| bridge | nodes | round 1 (new nodes) | round 2 | round 3 | RSS growth MB |")
-    print("|---|---|---|---|---|---|")
+    print(
+        "| bridge | nodes | round 1 (new nodes) | round 2 | round 3 | RSS growth MB | values refused by series limits |"
+    )
+    print("|---|---|---|---|---|---|---|")
     for n in (int(x) for x in args.nodes.split(",")):
         for label, src in sources:
             env = {"PYTHONPATH": f"{src}:{HERE}"}
@@ -102,8 +119,8 @@ def main() -> int:
             if out.returncode:
                 print(out.stderr[-2000:], file=sys.stderr)
                 return 1
-            r1, r2, r3, mem = out.stdout.split()
-            print(f"| {label} | {n:,} | {r1} | {r2} | {r3} | {mem} |", flush=True)
+            r1, r2, r3, mem, limited = out.stdout.split()
+            print(f"| {label} | {n:,} | {r1} | {r2} | {r3} | {mem} | {int(limited):,} |", flush=True)
     return 0
 
 

@@ -8,8 +8,8 @@ The message is small enough that a protobuf runtime would cost more than it save
     Sample       { double value = 1; int64 timestamp = 2; }   // timestamp in milliseconds
 
 Series from one batch share their timestamps (the payload is columnar), so the encoder caches the
-timestamp varints per request and the encoded label block per series across requests, and packs each
-series' samples with one ``struct`` call.
+bytes around each sample's value per timestamp list and the encoded label block per series across
+requests, and writes the values of all series with one timestamp list by a few C-level copies.
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ class WriteEncoder:
     def __init__(self, label_cache_size: int = 200_000) -> None:
         self._labels: dict[LabelSet, bytes] = {}
         self._label_cache_size = label_cache_size
-        self._plans: dict[tuple[int, ...], tuple[list[object], struct.Struct, int]] = {}
+        self._plans: dict[tuple[int, ...], _Plan] = {}
         # the bytes around a sample's double, by timestamp: a fleet's writes repeat recent timestamps
         self._around: dict[int, tuple[bytes, bytes]] = {}
 
@@ -112,67 +112,93 @@ class WriteEncoder:
     def encode(self, series: Iterable[Series]) -> bytes:
         """The uncompressed protobuf body for ``series``."""
         # One sample is: 0x12 <len> 0x09 <8-byte double> 0x10 <varint ms>. Everything but the double
-        # depends on the timestamp only, so the bytes around each double are built once per timestamp,
-        # and series that share one timestamp list (all series of a batch, which come one after another)
-        # are packed CHUNK at a time by one ``struct`` call: a series costs a few list operations.
+        # depends on the timestamp only, so the samples of a series are a template per timestamp list
+        # with the doubles written in. Series that share one timestamp list (all series of a batch,
+        # which come one after another) are written together: their values packed as doubles by one
+        # C-level conversion, and, where every sample of the list takes the same number of bytes (the
+        # usual case: timestamps of one era have varints of one length), copied into the repeated
+        # template by eight strided byte copies, one per byte of a double. A series costs a few list
+        # operations, a value none in Python.
         around = self._around
         if len(around) > 100_000:
             around.clear()
-        out: list[bytes] = []
+        out: list[bytes | memoryview] = []
         for _, run in itertools.groupby(series, key=_STAMPS):
             group = list(run)
             stamps = group[0].timestamps
             if not stamps:
                 continue
-            template, chunk, size = self._plan(stamps, around)
-            step = len(template) // CHUNK  # struct arguments per series
+            plan = self._plan(stamps, around)
             labels = [s.encoded_labels or self._label_block(s.labels) for s in group]
-            bodies: list[memoryview | bytes] = []
-            for lo in range(0, len(group), CHUNK):
-                part = group[lo : lo + CHUNK]
-                k = len(part)
-                args = template[: k * step] if k < CHUNK else template.copy()
-                args[1::3] = list(itertools.chain.from_iterable([s.values for s in part]))
-                packed = memoryview(
-                    chunk.pack(*args)
-                    if k == CHUNK
-                    else struct.pack(chunk.format[: 1 + len(chunk.format[1:]) * k // CHUNK], *args)
-                )
-                bodies += [packed[i : i + size] for i in range(0, k * size, size)]
+            bodies = plan.bodies([s.values for s in group])
+            size = plan.size
             heads = [
                 _TS_HEAD[n] if n < 16384 else b"\x0a" + encode_varint(n) for n in map(size.__add__, map(len, labels))
             ]
-            out += itertools.chain.from_iterable(zip(heads, labels, bodies, strict=True))  # type: ignore[arg-type]
+            out += itertools.chain.from_iterable(zip(heads, labels, bodies, strict=True))
         return b"".join(out)
 
-    def _plan(
-        self, stamps: list[int], around: dict[int, tuple[bytes, bytes]]
-    ) -> tuple[list[object], struct.Struct, int]:
-        """The struct arguments (values left 0.0) and the Struct of CHUNK series with these timestamps,
-        and the size of one series' samples."""
+    def _plan(self, stamps: list[int], around: dict[int, tuple[bytes, bytes]]) -> _Plan:
         key = tuple(stamps)
         plan = self._plans.get(key)
-        if plan is not None:
-            return plan
-        one: list[object] = []
-        fmt = []
-        for ts in stamps:
-            pair = around.get(ts)
-            if pair is None:
-                tail = b"\x10" + encode_varint(ts)
-                head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
-                pair = around[ts] = (head, tail)
-            one += (pair[0], 0.0, pair[1])
-            fmt.append(f"{len(pair[0])}sd{len(pair[1])}s")
-        single = "".join(fmt)
-        chunk = struct.Struct("<" + single * CHUNK)
-        if len(self._plans) >= 256:
-            self._plans.clear()
-        plan = self._plans[key] = (one * CHUNK, chunk, struct.calcsize("<" + single))
+        if plan is None:
+            pairs = []
+            for ts in stamps:
+                pair = around.get(ts)
+                if pair is None:
+                    tail = b"\x10" + encode_varint(ts)
+                    head = b"\x12" + encode_varint(9 + len(tail)) + b"\x09"
+                    pair = around[ts] = (head, tail)
+                pairs.append(pair)
+            if len(self._plans) >= 256:
+                self._plans.clear()
+            plan = self._plans[key] = _Plan(pairs)
         return plan
 
 
-CHUNK = 16  # series packed by one struct call
+class _Plan:
+    """The samples of one timestamp list: the bytes around each double, and how to write a group of
+    series' values into them."""
+
+    __slots__ = ("_pairs", "head", "record", "size", "struct", "template")
+
+    def __init__(self, pairs: list[tuple[bytes, bytes]]) -> None:
+        self.template = b"".join(head + bytes(8) + tail for head, tail in pairs)  # one series' samples
+        self.size = len(self.template)
+        lengths = {(len(head), len(tail)) for head, tail in pairs}
+        if len(lengths) == 1:  # every sample the same size: the doubles lie at a fixed stride
+            head_len, tail_len = lengths.pop()
+            self.head, self.record = head_len, head_len + 8 + tail_len
+            self.struct = None
+        else:  # timestamps whose varints differ in length: one struct call per series
+            self.head = self.record = 0
+            self.struct = struct.Struct("<" + "".join(f"{len(h)}sd{len(t)}s" for h, t in pairs))
+            self.template = b""
+            self._pairs = pairs
+
+    def bodies(self, values: list[list[float]]) -> list[bytes | memoryview]:
+        """Each series' samples, for the values of a group of series (``len`` of each: the stamps')."""
+        if self.struct is not None:
+            return [self._packed(v) for v in values]
+        k = len(values)
+        flat = list(itertools.chain.from_iterable(values))
+        if len(flat) != k * self.size // self.record:
+            raise ValueError("a series' values and timestamps differ in number")
+        raw = struct.pack(f"<{len(flat)}d", *flat)
+        buf = bytearray(self.template * k)
+        start, record = self.head, self.record
+        for b in range(8):
+            buf[start + b :: record] = raw[b::8]
+        view = memoryview(buf)
+        size = self.size
+        return [view[i : i + size] for i in range(0, k * size, size)]
+
+    def _packed(self, values: list[float]) -> bytes:
+        args: list[object] = []
+        for (head, tail), v in zip(self._pairs, values, strict=True):
+            args += (head, v, tail)
+        assert self.struct is not None
+        return self.struct.pack(*args)
 
 
 _STAMPS = operator.attrgetter("timestamps")  # series with equal timestamp lists share a plan

@@ -25,6 +25,7 @@ from typing import Any
 from gpu_exporter import catalog
 from gpu_exporter.model import DeviceId, SeriesKey
 from gpu_exporter.payload import document
+from gpu_exporter.payload.deltas import POWERS, Deltas
 from gpu_exporter.payload.document import read_column, read_device, read_header
 from gpu_exporter.payload.frame import INFLATE_FLOOR, INFLATE_RATIO, inflate_limit, parse_text, unframe
 from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, PayloadError
@@ -91,11 +92,13 @@ def _parse(text: bytes) -> Any:
 
 def _read(data: bytes, max_bytes: int) -> ColumnBatch:
     text = unframe(data, max_bytes, ratio_bound=True)
-    return dataclasses.replace(from_document(_parse(text)), text_bytes=len(text))
+    bools = b"true" in text or b"false" in text  # (only a JSON literal can make a boolean)
+    return dataclasses.replace(from_document(_parse(text), bools), text_bytes=len(text))
 
 
-def from_document(doc: Any) -> ColumnBatch:
-    """The checks of ``document.from_document``, in the same order, keeping the columns."""
+def from_document(doc: Any, bools: bool = True) -> ColumnBatch:
+    """The checks of ``document.from_document``, in the same order, keeping the columns. ``bools``:
+    the document may hold a boolean (False only when its JSON text has no ``true`` or ``false``)."""
     header = read_header(doc)  # format, version, fields, node, boot, seq, time_ms: the codec's own checks
     node, boot, seqs, times = header.node, header.boot, list(header.seqs), list(header.times_ms)
     n = len(seqs)
@@ -105,7 +108,7 @@ def from_document(doc: Any) -> ColumnBatch:
     for d, raw in enumerate(doc["devices"]):
         where = f"devices[{d}]"
         device, info, up, cols = read_device(where, raw, n, len(metrics), seen)
-        decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters)
+        decoded, nonfinite, rising, gaps = _columns(where, cols, n, header.version, counters, bools)
         if None in up:
             for i, flag in enumerate(up):
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
@@ -157,49 +160,37 @@ def _check_encodable(batch: ColumnBatch) -> None:
 
 _INT = {int}
 _NUMBER = {int, float}
+_REF_KEYS = frozenset(("ref", "sign", "add"))
 
 
 def _columns(
-    where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset()
+    where: str, cols: list[Any], n: int, version: int, counters: frozenset[int] = frozenset(), bools: bool = True
 ) -> tuple[list[list[float | None] | None], bool, bool, bool]:
     """Every column of one device, whether one may hold NaN or ±Inf, whether every column at a
     position of ``counters`` is known not to go down, and whether a column holds a null (only the
-    codec's own ``read_column`` can make one). Plain integer-delta columns and finite constants
-    (the encoder's usual output) are checked together and decoded in C loops; any other column (plain
-    values, a reference, a non-finite constant) goes through the codec's own ``read_column``, in order,
-    after them."""
-    fast: list[tuple[int, list[int], int, int, int]] = []  # (position, deltas, scale, step, order)
+    codec's own ``read_column`` can make one).
+
+    Integer-delta columns (the encoder's usual output), finite constants and plain finite values are
+    decoded here, the delta columns all together by a few C-level passes (``Deltas``); any other
+    column (a reference, a column with a null or a value out of the usual range, anything invalid) goes
+    through the codec's own ``read_column``, in order, after them, so that it is refused in the codec's
+    own words. ``bools``: the JSON text may hold ``true`` or ``false`` (a boolean is an int to Python's
+    arithmetic, and the codec refuses one where it wants an integer)."""
     out: list[list[float | None] | None] = [None] * len(cols)
-    done = set()
-    plain: set[int] = set()  # plain-value columns decoded here
-    has_step = HAS_STEP
-    v3 = version >= 3
-    plain_len, stepped_len = n + 1, n + 2
-    for j, col in enumerate(cols):
+    fast = Deltas(bools)
+    left: list[int] = []  # for read_column
+    plain: list[int] = []  # plain-value columns decoded here
+    if version >= 3:
+        _version_3(cols, n, counters, fast, out, left, plain)
+        cols_left: Iterable[tuple[int, Any]] = ()
+    else:
+        cols_left = enumerate(cols)
+    for j, col in cols_left:  # versions 1 and 2
         kind = type(col)
-        if kind is list and v3:  # [form, (step), deltas...]
-            if not col:
-                continue
-            form = col[0]
-            if type(form) is not int or not 0 <= form < 2 * has_step:
-                continue
-            if form < has_step:
-                if len(col) == plain_len:
-                    fast.append((j, col[1:], form % 10, 1, 1 + form // 10))
-                continue
-            step = col[1] if len(col) == stepped_len else None
-            if type(step) is not int or not 1 <= step < _SAFE:
-                continue
-            form -= has_step
-            fast.append((j, col[2:], form % 10, step, 1 + form // 10))
-            continue
-        if (kind is int or kind is float) and v3:  # a constant
-            value = float(col)
-            if math.isfinite(value):
-                out[j] = [value] * n
-                done.add(j)
+        if col is None:
             continue
         if kind is not dict:
+            left.append(j)
             continue
         deltas = col.get("delta")
         if deltas is None:
@@ -209,70 +200,124 @@ def _columns(
                 floats = list(map(float, raw))
                 if all(map(math.isfinite, floats)):
                     out[j] = floats  # type: ignore[assignment]
-                    done.add(j)
-                    plain.add(j)
-            continue
-        if type(deltas) is not list or len(deltas) != n or version >= 3:  # version 3 writes delta arrays
-            continue
-        if len(col) == 1:
-            fast.append((j, deltas, 0, 1, 1))
+                    plain.append(j)
+                    continue
+            left.append(j)
             continue
         scale = col.get("scale", 0)
         step = col.get("step", 1)
         order = col.get("order", 1) if version >= 2 else 1
-        if (
-            len(col) == 1 + ("scale" in col) + ("step" in col) + ("order" in col and version >= 2)
+        if not (
+            type(deltas) is list
+            and len(deltas) == n
+            and len(col) == 1 + ("scale" in col) + ("step" in col) + ("order" in col and version >= 2)
             and type(scale) is int
             and 0 <= scale <= MAX_SCALE
             and type(step) is int
             and 1 <= step < _SAFE
             and type(order) is int
             and order in (1, 2)
+            and fast.add(j, list(deltas), scale, step, order == 2, j in counters)
         ):
-            fast.append((j, deltas, scale, step, order))
-    if fast:
-        # Every entry an int (no bool, no null), and no running total times its step can reach the
-        # codec's limit: n * largest |delta| * step bounds them all, and each delta too (n * n for
-        # second-order deltas, whose running totals are summed once more). Both checks run over all
-        # columns at once (map over the columns, no Python loop); only when one fails are the columns
-        # sorted out one by one.
-        lists = [f[1] for f in fast]
-        if not (
-            set(map(type, itertools.chain.from_iterable(lists))) <= _INT
-            and max(
-                map(operator.mul, map(max, map(max, lists), map(operator.neg, map(min, lists))), [f[3] for f in fast])
-            )
-            * n
-            * n
-            < _SAFE
-        ):
-            fast = [f for f in fast if set(map(type, f[1])) <= _INT and max(map(abs, f[1])) * n ** f[4] * f[3] < _SAFE]
-    truediv, mul, repeat, accumulate = operator.truediv, operator.mul, itertools.repeat, itertools.accumulate
-    rising = True
-    for j, deltas, scale, step, order in fast:
-        if order == 2:
-            deltas = deltas[:1] + list(accumulate(deltas[1:]))  # back to first-order deltas
-        if rising and n > 1 and j in counters:  # a step of at least 1: the values go as the deltas
-            rising = min(itertools.islice(deltas, 1, None)) >= 0
-        totals = accumulate(deltas) if step == 1 else map(mul, accumulate(deltas), repeat(step))
-        if scale:
-            out[j] = list(map(truediv, totals, repeat(10**scale)))
-        else:  # ints below 2**53: the same numbers as floats, written as doubles all the same
-            out[j] = list(totals)
-    done.update([f[0] for f in fast])
+            left.append(j)
+    rising = fast.decode(out, left) if fast else True
+    v3 = version >= 3
     nonfinite = gaps = False
-    # the columns left, in order (a reference names an earlier column: decoded by then)
-    left: Iterable[int] = ()
-    if len(done) < len(cols):
-        present = itertools.compress(range(len(cols)), map(operator.is_not, cols, itertools.repeat(None)))
-        left = sorted(set(present) - done)
-    for j in left:
-        values = out[j] = read_column(f"{where}.columns[{j}]", cols[j], n, version, out[:j])
-        nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
-        gaps = gaps or None in values
-        rising = rising and j not in counters
+    if left:
+        left.sort()  # in order: a reference names an earlier column, decoded by then
+        for j in left:
+            col = cols[j]
+            values = out[j] = _reference(col, out, j) if v3 and type(col) is dict else None
+            if values is None:
+                values = out[j] = read_column(f"{where}.columns[{j}]", col, n, version, out[:j])
+                gaps = gaps or None in values
+            nonfinite = nonfinite or not all(v is None or math.isfinite(v) for v in values)
+            rising = rising and j not in counters
     if rising and plain:
-        for j in sorted(plain & counters):
-            values = cols[j]["values"]
-            rising = rising and all(map(operator.le, values, itertools.islice(values, 1, None)))
+        for j in plain:
+            if j in counters:
+                values = cols[j]["values"]
+                rising = rising and all(map(operator.le, values, itertools.islice(values, 1, None)))
     return out, nonfinite, rising, gaps
+
+
+def _version_3(
+    cols: list[Any],
+    n: int,
+    counters: frozenset[int],
+    fast: Deltas,
+    out: list[list[float | None] | None],
+    left: list[int],
+    plain: list[int],
+) -> None:
+    """``_columns``'s sorting of a version 3 device's columns: constants decoded, delta arrays to
+    ``fast``, plain values decoded (their positions in ``plain``), the rest to ``left``. The usual
+    first-order delta array is taken in line, without a call."""
+    has_step, plain_len, stepped_len = HAS_STEP, n + 1, n + 2
+    isfinite = math.isfinite
+    positions, lists, scales, flags = fast.positions[0], fast.lists[0], fast.scales[0], fast.counters[0]
+    for j, col in enumerate(cols):
+        kind = type(col)
+        if kind is list:  # [form, (step), deltas...]
+            form = col[0] if col else -1
+            if type(form) is int:
+                if 0 <= form < 10 and len(col) == plain_len:  # first order, no step
+                    positions.append(j)
+                    lists.append(col[1:])
+                    scales.append(POWERS[form])
+                    flags.append(j in counters)
+                    continue
+                if 0 <= form < has_step:
+                    if len(col) == plain_len and fast.add(j, col[1:], form % 10, 1, True, j in counters):
+                        continue
+                elif has_step <= form < 2 * has_step and len(col) == stepped_len:
+                    step = col[1]
+                    if (
+                        type(step) is int
+                        and 1 <= step < _SAFE
+                        and fast.add(j, col[2:], form % 10, step, form >= has_step + 10, j in counters)
+                    ):
+                        continue
+            left.append(j)
+        elif kind is int or kind is float:  # a constant
+            value = float(col)
+            if isfinite(value):
+                out[j] = [value] * n
+            else:
+                left.append(j)
+        elif kind is dict:
+            raw = col.get("values")
+            # plain numbers (no null, no "NaN" strings, no bool): what _raw_value would return
+            if type(raw) is list and len(col) == 1 and len(raw) == n and set(map(type, raw)) <= _NUMBER:
+                floats = list(map(float, raw))
+                if all(map(isfinite, floats)):
+                    out[j] = floats  # type: ignore[assignment]
+                    plain.append(j)
+                    continue
+            left.append(j)
+        elif col is not None:
+            left.append(j)
+
+
+def _reference(col: dict[str, Any], out: list[list[float | None] | None], j: int) -> list[float | None] | None:
+    """A version 3 reference ``{"ref": r, "sign": s, "add": c}`` the codec would accept, to a column
+    without nulls: ``c + s * v`` for each value ``v`` of column r, as the codec computes it. None for
+    anything else (the codec's own ``read_column`` then reads it, or refuses it in its words)."""
+    if "ref" not in col or not col.keys() <= _REF_KEYS:
+        return None
+    r = col["ref"]
+    sign = col.get("sign", 1)
+    add = col.get("add", 0)
+    if type(r) is not int or not 0 <= r < j or type(sign) is not int or sign not in (1, -1):
+        return None
+    other = out[r]
+    if other is None or None in other or not (type(add) is int or type(add) is float):
+        return None
+    try:
+        c = float(add)
+    except OverflowError:
+        return None
+    if not math.isfinite(c):
+        return None
+    # c + 1 * v is c + v, and c + -1 * v is c - v, to the bit (IEEE subtraction is adding the negation)
+    return list(map(operator.add if sign == 1 else operator.sub, itertools.repeat(c), other))

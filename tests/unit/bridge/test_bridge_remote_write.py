@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import cramjam
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -121,3 +122,31 @@ def test_split_by_time_halves_and_stops_at_one_timestamp() -> None:
     older, newer = halves
     assert older[0].timestamps == [1, 2] and newer[0].timestamps == [3, 4]
     assert split_by_time([Series((("__name__", "m"),), [7], [1.0])]) is None
+
+
+@pytest.mark.parametrize(
+    "stamps",
+    [
+        [1_700_000_000_000 + 5000 * i for i in range(24)],  # one batch: varints of one length
+        [120, 127, 128, 16_383, 16_384, 2**40],  # varints of several lengths
+        [1_700_000_000_000],
+    ],
+)
+def test_series_that_share_a_timestamp_list_are_written_together_value_for_value(stamps: list[int]) -> None:
+    """A batch's series share one timestamp list and are packed together: each keeps its own values,
+    ints and floats alike, in its own TimeSeries."""
+    values = [
+        [float(i * 1000 + k) if i % 2 else i * 1000 + k for k in range(len(stamps))]  # ints from the decoder too
+        for i in range(40)
+    ]
+    values[3] = [math.nan if k % 2 else -0.0 for k in range(len(stamps))]
+    series = [Series((("__name__", f"m{i}"), ("gpu", str(i % 8))), stamps, v) for i, v in enumerate(values)]
+    decoded = decode_write_request(WriteEncoder().encode(series))
+    assert [labels for labels, _ in decoded] == [sorted(s.labels) for s in series]
+    for (_, points), s in zip(decoded, series, strict=True):
+        assert [t for t, _ in points] == stamps
+        got = [v for _, v in points]
+        assert [math.copysign(1, v) if v == 0 else v for v in got if v == v] == [
+            math.copysign(1, v) if v == 0 else v for v in s.values if v == v
+        ]
+        assert sum(v != v for v in got) == sum(v != v for v in s.values)

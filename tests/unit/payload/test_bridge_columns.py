@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import copy
+import itertools
 import json
 import math
+import random
+import zlib
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from gpu_exporter import catalog
 from gpu_exporter import payload as codec
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.payload import columns
+from gpu_exporter.payload._zdict import ZDICT
 from gpu_exporter.payload.document import read_column
 from tests.support.bridge_helpers import make_batch
 from tests.support.payload_helpers import as_v1, as_v2, v1_payload, v2_payload
@@ -180,7 +187,13 @@ def test_integer_limits_and_types_in_delta_columns_match_the_codec(
         [0, 2**53, 0, 0],
         [0, 2**52, 2**52, 0],
         [0, 1, True, 2],
-        [0, 1.5, 1, 1],
+        [0, True, 1, 2],
+        [10, 1, 1, True],  # second order: summing once would hide the boolean
+        [30, 4, 1, 1, True],
+        [10, 1, 1.0, 1],
+        [0, 2**51, 2**51, 0],  # values past the reader's own bound of 2**51, within the codec's
+        [20, 3, 2**50, 0, 0],
+        [0, 2**52, -(2**52), 2**52],
         [0, 1, None, 1],
         [20, 2**53, 0, 0, 0],
         [20, 2**13, 2**40, 0, 0],
@@ -272,3 +285,97 @@ def test_both_parsers_read_the_same_columns(parser: str, batch: codec.Batch) -> 
 
 def _nan_safe(cols: list[list[float | None] | None]) -> list[object]:
     return [None if c is None else [("nan",) if v is not None and math.isnan(v) else v for v in c] for c in cols]
+
+
+# -------------------------------------------------------------------------- real batches and mutations
+
+
+def _fleet_documents() -> list[dict[str, object]]:
+    """Documents of simulated 8-GPU nodes as agents send them (the fleet bench's templates: the fake
+    NVML backend, rounded and encoded by the agent's own code), batches of 24 samples and of 1."""
+    import sys
+
+    from tests.support import paths
+
+    sys.path.insert(0, str(paths.ROOT / "bench"))
+    from fleet_payloads import Templates
+
+    docs = []
+    for per_batch, count in ((24, 2), (1, 2)):
+        templates = Templates(gpus=8, per_batch=per_batch, count=count)
+        for node in range(count):
+            message = templates.message(node, f"edge-{node}", "boot", 1 + per_batch * node, 1_700_000_000_000)
+            docs.append(json.loads(zlib.decompressobj(zdict=ZDICT).decompress(message.payload)))
+    return docs
+
+
+FLEET = _fleet_documents()
+ODD = [None, True, False, 0, -1, 1.5, -0.0, 2**31, 2**51, 2**53, -(2**53), 2**62, 10**20, "NaN", "x", [], [1], {}]
+
+
+def _mutated(rng: random.Random, doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with one column of one device changed: an entry of a delta array (its form, step or a
+    delta) replaced or scaled up, the column replaced, or a reference to another column."""
+    doc = copy.deepcopy(doc)
+    dev = rng.choice(doc["devices"])
+    j = rng.randrange(len(dev["columns"]))
+    col = dev["columns"][j]
+    what = rng.randrange(4)
+    if what < 2 and isinstance(col, list) and col:
+        k = rng.randrange(len(col))
+        col[k] = (
+            rng.choice(ODD) if what == 0 or type(col[k]) is not int else col[k] * rng.choice([2**20, 2**30, -(10**9)])
+        )
+    elif what == 2:
+        dev["columns"][j] = {"ref": rng.randrange(-1, j + 2), "sign": rng.choice([1, -1, 2]), "add": rng.choice(ODD)}
+    else:
+        dev["columns"][j] = rng.choice(ODD)
+    return doc
+
+
+@pytest.mark.parametrize("doc", FLEET, ids=lambda d: f"{len(d['seq'])}-sample")  # type: ignore[index]
+def test_real_batches_read_as_the_codec_decodes_them(parser: str, doc: dict[str, Any]) -> None:
+    """What agents send, in every payload version: the same values as the codec, and counters said to
+    be rising (which spares the value policy a pass) do not go down."""
+    counters = [j for j, (key, _) in enumerate(doc["metrics"]) if key in catalog.COUNTER_KEYS]  # type: ignore[union-attr]
+    for version in (doc, as_v2(doc), as_v1(doc)):
+        raw = json.dumps(version).encode()
+        cols, objects = columns.read(raw), codec.decode(raw)
+        for dev in cols.devices:
+            for i, sample in enumerate(objects.samples):
+                (ds,) = [d for d in sample.devices if d.device == dev.device]
+                got = {cols.metrics[j]: c[i] for j, c in enumerate(dev.columns) if c is not None and c[i] is not None}
+                assert got == ds.values
+            if dev.counters_rising:
+                for j in counters:
+                    col = dev.columns[j]
+                    assert col is None or all(a <= b for a, b in itertools.pairwise(col))  # type: ignore[operator]
+
+
+def test_mutated_real_batches_are_refused_in_the_codecs_words(parser: str) -> None:
+    """Real documents with one column changed (300 of them, seeded): the reader accepts exactly what
+    the codec accepts, with the same values, and refuses the rest with the codec's own message (with
+    orjson, an integer beyond 64 bits is a float, so only the verdict is compared there)."""
+    rng = random.Random(22)
+    refused = 0
+    for _ in range(300):
+        doc = _mutated(rng, rng.choice(FLEET[:2]))
+        raw = json.dumps(doc).encode()
+        try:
+            expected = codec.decode(raw)
+        except codec.PayloadError as exc:
+            refused += 1
+            with pytest.raises(codec.PayloadError) as got:
+                columns.read(raw)
+            if parser == "json":
+                assert str(got.value) == str(exc)
+            continue
+        cols = columns.read(raw)
+        for dev in cols.devices:
+            (ds,) = [d for d in expected.samples[0].devices if d.device == dev.device]
+            got_values = {
+                cols.metrics[j]: c[0] for j, c in enumerate(dev.columns) if c is not None and c[0] is not None
+            }
+            assert got_values.keys() == ds.values.keys()
+            assert all(_same(got_values[k], v) for k, v in ds.values.items())
+    assert 50 < refused < 250  # both kinds were tried
