@@ -14,6 +14,7 @@ vendor call (``_calls.CallGuard``: unsupported, missing and lost as for any othe
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
@@ -44,11 +45,18 @@ class Simple:
     levels: tuple[tuple[int, float], ...] = ()  # a coded raw value -> its reading; other codes are absent
     labels: tuple[str, ...] = ()  # values of the catalog entry's dynamic labels
     variant: str = ""  # tells apart uses of one function whose support differs (a sensor, a clock domain)
+    # Worked out once, not at each reading: rows with the same ident share one call per cycle; the field's
+    # path; the levels as a mapping; whether the value is taken as it is (no scale, divide or levels).
+    ident: tuple[str, tuple[Any, ...], str] = dataclasses.field(init=False, repr=False, compare=False)
+    path: tuple[str, ...] = dataclasses.field(init=False, repr=False, compare=False)
+    coded: Mapping[int, float] = dataclasses.field(init=False, repr=False, compare=False)
+    plain: bool = dataclasses.field(init=False, repr=False, compare=False)
 
-    @property
-    def ident(self) -> tuple[str, tuple[Any, ...], str]:
-        """Rows with the same ident share one call per cycle."""
-        return (self.call, self.args, self.variant)
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "ident", (self.call, self.args, self.variant))
+        object.__setattr__(self, "path", tuple(self.field.split(".")) if self.field else ())
+        object.__setattr__(self, "coded", dict(self.levels))
+        object.__setattr__(self, "plain", not self.levels and self.scale == 1.0 and self.divide == 1.0)
 
 
 def by_group(*rows: Simple) -> dict[str, tuple[Simple, ...]]:
@@ -91,12 +99,12 @@ class _Invalid(Exception):
     """A strict row's raw value is out of its range."""
 
 
-def _field(answer: Any, path: str) -> Any:
+def _field(answer: Any, path: tuple[str, ...]) -> Any:
     """The field of a record: a mapping's key (amdsmi's dicts) or an object's attribute (NVML's structs)."""
-    for name in path.split(".") if path else ():
+    for name in path:
         if answer is None:
             return None
-        if isinstance(answer, Mapping):
+        if type(answer) is dict or isinstance(answer, Mapping):
             answer = answer.get(name)
         elif isinstance(answer, (str, bytes, int, float)) or not hasattr(answer, name):
             raise _WrongShape(name)
@@ -107,15 +115,17 @@ def _field(answer: Any, path: str) -> Any:
 
 def _value(row: Simple, answer: Any, convert: Number) -> float | None:
     """The row's value from the call's answer; None when there is none. Raises _WrongShape and _Invalid."""
-    raw = convert(_field(answer, row.field))
+    raw = convert(_field(answer, row.path) if row.path else answer)
     if raw is None:
         return None
     if not row.low <= raw <= row.high:
         if row.strict:
             raise _Invalid
         return None
+    if row.plain:
+        return float(raw)  # what raw * 1.0 / 1.0 is, bit for bit
     if row.levels:
-        return dict(row.levels).get(int(raw))
+        return row.coded.get(int(raw))
     return raw * row.scale / row.divide
 
 
