@@ -14,9 +14,9 @@ that a section's module can import ``config.parsers`` before ``config`` has asse
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from gpu_exporter import lazy
 from gpu_exporter.config.parsers import ConfigError, Option
 from gpu_exporter.config.tls import error_reason, tls_context
 
@@ -50,13 +50,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value  # once: later lookups find it in the module
-    return value
+__getattr__ = lazy.exports(globals(), _LAZY)
 
 
 def __dir__() -> list[str]:

@@ -11,8 +11,9 @@ KubeEdge (whose EdgeCore creates no such socket): GPU process IDs from the drive
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from gpu_exporter import lazy
 
 if TYPE_CHECKING:
     from gpu_exporter.k8s.attribution import PodAttributor
@@ -23,10 +24,4 @@ __all__ = ["PodAttributor", "PodRef"]
 _LAZY = {"PodAttributor": "gpu_exporter.k8s.attribution", "PodRef": "gpu_exporter.k8s.model"}
 
 
-def __getattr__(name: str) -> Any:
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(importlib.import_module(module), name)
-    globals()[name] = value
-    return value
+__getattr__ = lazy.exports(globals(), _LAZY)
