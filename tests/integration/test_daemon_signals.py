@@ -6,7 +6,11 @@ from __future__ import annotations
 import signal
 from pathlib import Path
 
+import pytest
+
 from tests.support import free_port, http_get, lone_bridge_args, spawn_logged, stop_process, wait_until
+
+pytestmark = pytest.mark.integration  # a real bridge process: run once, with the integration tests
 
 RELOADED = "re-reading the web config file"
 
