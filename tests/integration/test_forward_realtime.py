@@ -12,6 +12,7 @@ minutes at five rates.
 from __future__ import annotations
 
 import math
+import os
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -27,7 +28,9 @@ from tests.support.netns import netns_unavailable
 from tests.support.tsdb import VictoriaMetricsServer, victoria_fixture
 from tests.support.weak_link_rig import Rig
 
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(400)]
+# xdist_group: the module's tests share one three-minute run; without a group, pytest-xdist hands them
+# to different workers and each runs its own rig, two at once
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(400), pytest.mark.xdist_group("realtime")]
 
 victoria = victoria_fixture()
 
@@ -88,7 +91,7 @@ def thin_link(tmp_path_factory: pytest.TempPathFactory, victoria: VictoriaMetric
     if why:
         pytest.skip(f"{NOT_APPLICABLE} {why}")
     work = tmp_path_factory.mktemp("thin")
-    rig = Rig(f"rt{int(time.time()) % 100000}", RATE, work, victoria)
+    rig = Rig(f"rt{os.getpid()}", RATE, work, victoria)  # the namespace is this process's own
     seen = Observed()
     rig.start()
     watch = None

@@ -185,7 +185,6 @@ def test_a_spike_reaches_the_tsdb_as_a_max_before_full_resolution_on_a_200_bytes
     assert s.forwarder.spool.total_bytes > 0  # full resolution waits in the spool
 
 
-@pytest.mark.timeout(240)
 @pytest.mark.parametrize("setup", [8000.0], indirect=True)  # full resolution fits, with room to spare
 def test_an_outage_shows_coarse_first_then_full_resolution_with_nothing_lost_or_duplicated(setup: Setup) -> None:
     s = setup
@@ -227,12 +226,15 @@ def test_an_outage_shows_coarse_first_then_full_resolution_with_nothing_lost_or_
     restored = s.sampler.seq
     expected = {t for seq, t in list(s.sampler.stamps.items()) if seq <= restored}
 
-    def complete() -> bool:
-        return expected <= {t for t, _ in s.stored("gpu_temperature_celsius")}
-
-    wait_progressing(complete, s.moving, 30, "full resolution of everything sampled until the link came back")
     wanted = set(range(1, restored + 1))
-    wait_progressing(lambda: s.collector.seqs(boot)[boot] >= wanted, s.moving, 30, "every sequence number raw")
+
+    def missing() -> tuple[int, int]:
+        """What of the backlog is not there yet: samples not stored, sequence numbers not at the broker.
+        Fresh samples move on at any pace; the backlog's own progress is what a wait must watch."""
+        stored = {t for t, _ in s.stored("gpu_temperature_celsius")}
+        return len(expected - stored), len(wanted - s.collector.seqs(boot).get(boot, set()))
+
+    wait_progressing(lambda: missing() == (0, 0), missing, 60, "the backlog at full resolution, stored and raw")
     stamps = [t for t, _ in s.stored("gpu_temperature_celsius")]
     assert len(stamps) == len(set(stamps)), "a sample stored twice"
     assert s.registry.get_sample_value("gpu_exporter_forward_dropped_samples_total", {"reason": "max_age"}) == 0
