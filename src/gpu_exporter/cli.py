@@ -108,11 +108,15 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     from gpu_exporter import selfmetrics
     from gpu_exporter.backends import base
     from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer
+    from gpu_exporter.reload import Reloader, Watched
     from gpu_exporter.ring import RingBuffer
     from gpu_exporter.sampler import Sampler
     from gpu_exporter.web.server import ServerCollector
     from gpu_exporter.web.webconfig import load_web_config
 
+    # the files a change of which reloads, as they stand before this run reads them (main() has just read
+    # the config file): a change while the exporter starts is not missed
+    watched = Watched((config.config_file, config.web_config_file))
     stop = stop or threading.Event()
     limit_malloc_arenas()
     try:
@@ -159,8 +163,6 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     def on_stop(signum: int) -> None:
         log.info("received %s, stopping", signal.Signals(signum).name)
 
-    from gpu_exporter.reload import Reloader
-
     def apply(old: cfg.Config, new: cfg.Config) -> None:
         if bool(old.mqtt_url) != bool(new.mqtt_url):
             raise ValueError("turning forwarding on or off (--mqtt.url) needs a restart")
@@ -199,7 +201,7 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
         ",".join(b.name for b in backends),
         config.interval,
     )
-    reloader.watch()
+    reloader.watch(watched)
     signals.run(on_hup)
     reloader.stop()
     sampler.stop()

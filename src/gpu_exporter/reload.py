@@ -13,13 +13,13 @@ import dataclasses
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from gpu_exporter import config as cfg
 from gpu_exporter.mqtt.settings import LINK_LIVE
 
-__all__ = ["LIVE", "Reloader", "stamp"]
+__all__ = ["LIVE", "Reloader", "Watched", "stamp"]
 
 log = logging.getLogger("gpu_exporter.reload")
 
@@ -104,21 +104,22 @@ class Reloader:
             return True
 
     # --- watching --config.file and --web.config.file ---
-    def watch(self, interval: float = 2.0) -> None:
-        self._thread = threading.Thread(target=self._watch, args=(interval,), name="config-watch", daemon=True)
+    def watch(self, since: Watched | None = None, interval: float = 2.0) -> None:
+        """Re-read the configuration each time one of its files changes, as from ``since`` (the files as
+        they stood before the daemon read them: a change made while it started is seen too)."""
+        watched = since if since is not None else Watched(self._paths())
+        self._thread = threading.Thread(target=self._watch, args=(watched, interval), name="config-watch", daemon=True)
         self._thread.start()
 
     def _paths(self) -> tuple[str, ...]:
         c = self.current
         return tuple(p for p in (c.config_file, c.web_config_file) if p)
 
-    def _watch(self, interval: float) -> None:
-        last = {p: stamp(p) for p in self._paths()}
+    def _watch(self, watched: Watched, interval: float) -> None:
         while not self._stop.wait(interval):
-            changed = [p for p in self._paths() if stamp(p) != last.get(p)]
-            if changed:
-                self.reload(f"{changed[0]} changed")
-                last = {p: stamp(p) for p in self._paths()}
+            path = watched.changed(self._paths())
+            if path:
+                self.reload(f"{path} changed")
 
     def stop(self) -> None:
         self._stop.set()
@@ -138,3 +139,27 @@ def stamp(path: str) -> tuple[int, int, int]:
     except OSError:
         return (0, 0, 0)
     return (st.st_mtime_ns, st.st_size, st.st_ino)
+
+
+class Watched:
+    """Files a daemon re-reads when they change, compared with how they stood before it last read them.
+
+    Take one before the first read (``Watched(paths)``) and ``changed`` after: a file written meanwhile,
+    even while the daemon was still starting, counts as changed. ``changed`` moves the baseline to what it
+    saw before the caller reads again, so a write during that read is seen at the next look too."""
+
+    def __init__(self, paths: Iterable[str] = ()) -> None:
+        self._last = {p: stamp(p) for p in paths if p}
+
+    def add(self, path: str) -> None:
+        """One more file, as it stands now (before its first read)."""
+        if path and path not in self._last:
+            self._last[path] = stamp(path)
+
+    def changed(self, paths: Iterable[str] | None = None) -> str | None:
+        """The first of ``paths`` (default: those watched) that changed since the last look, or None. A path
+        not seen before is taken as it stands now."""
+        now = {p: stamp(p) for p in (self._last if paths is None else paths) if p}
+        first = next((p for p, s in now.items() if p in self._last and s != self._last[p]), None)
+        self._last = now
+        return first

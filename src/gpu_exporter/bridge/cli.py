@@ -182,8 +182,12 @@ def run(
     except (ValueError, OSError) as exc:
         return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
     config = config or cfg.Config()
+    from gpu_exporter.reload import Watched
+
+    web_path = config.web_config_file
+    watched = Watched((web_path,))  # before the read: a change while the bridge starts is seen
     try:
-        web = load_web_config(config.web_config_file)
+        web = load_web_config(web_path)
         server = _server(listen, registry, web, config)
     except ValueError as exc:
         return _fail(str(exc), 2)
@@ -196,22 +200,16 @@ def run(
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
-    from gpu_exporter.reload import stamp as file_stamp
-
     server.start()
     bridge.start()
-    web_path = config.web_config_file
-    stamp, checked = file_stamp(web_path) if web_path else None, time.monotonic()
+    checked = time.monotonic()
 
-    def web_changed() -> bool:  # the web config file is watched too
-        nonlocal stamp, checked
+    def web_changed() -> bool:  # the web config file is watched too, every 2 s
+        nonlocal checked
         if not web_path or time.monotonic() - checked < 2.0:
             return False
         checked = time.monotonic()
-        if file_stamp(web_path) == stamp:
-            return False
-        stamp = file_stamp(web_path)
-        return True
+        return watched.changed() is not None
 
     try:
         signals.run(lambda: _reload_web(server, web_path), web_changed)

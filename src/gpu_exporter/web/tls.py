@@ -207,8 +207,8 @@ class TlsState:
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
+        self._stamp = files.stamp()  # before the read: a certificate renewed meanwhile is seen at the next look
         self._ctx = files.build()
-        self._stamp = files.stamp()
         self._checked = time.monotonic()
         self._lock = threading.Lock()
         self.reloads = 0

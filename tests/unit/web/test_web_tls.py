@@ -16,6 +16,7 @@ from typing import Any
 import bcrypt
 import pytest
 
+from gpu_exporter.web.tls import TlsFiles, TlsState
 from tests.support import free_port, lone_bridge_args, spawn_logged, stop_process
 from tests.support.agent_proc import FAST
 from tests.support.mosquitto import make_tls, wait_until
@@ -143,6 +144,31 @@ def test_a_rotated_certificate_is_served_without_a_restart(serve: Any, tmp_path:
     (live / "tls.crt").write_text("not a certificate\n")
     time.sleep(1.2)
     assert _try_cert(srv.port, fresh["ca"]) is not None
+
+
+def test_a_certificate_renewed_while_the_server_reads_it_is_served_at_the_next_look(
+    tmp_path: Path, tls: dict[str, str]
+) -> None:
+    live = tmp_path / "live"
+    live.mkdir()
+    shutil.copy(tls["cert"], live / "tls.crt")
+    shutil.copy(tls["key"], live / "tls.key")
+    fresh = make_tls(tmp_path / "fresh")
+    renewed: list[bool] = []
+
+    class RenewedAfterTheFirstRead(TlsFiles):
+        def build(self) -> ssl.SSLContext:
+            ctx = super().build()
+            if not renewed:  # cert-manager renews the pair just after the server read it
+                shutil.copy(fresh["key"], live / "tls.key")
+                shutil.copy(fresh["cert"], live / "tls.crt")
+                renewed.append(True)
+            return ctx
+
+    state = TlsState(RenewedAfterTheFirstRead(cert_file=str(live / "tls.crt"), key_file=str(live / "tls.key")))
+    first = state.context()
+    assert wait_until(lambda: state.context() is not first, 5), "the renewed certificate was never loaded"
+    assert state.reloads == 1
 
 
 def _try_cert(port: int, ca: str) -> bytes | None:
