@@ -119,6 +119,12 @@ class Setup:
             len(self.stored("gpu_temperature_celsius_max")),
         )
 
+    def state(self) -> dict[str, float]:
+        """The agent's own account of the link, for a failure's message."""
+        names = ("summarizing", "connected", "link_bytes_per_second", "full_resolution_bytes_per_second")
+        state = {name: self.gauge(f"gpu_exporter_forward_{name}") for name in names}
+        return state | {"spool_bytes": float(self.forwarder.spool.total_bytes)}
+
     def stored(self, name: str) -> list[tuple[int, float]]:
         """Every stored sample of GPU 0's ``name`` (sensor="gpu" for temperatures) from this node."""
         sensor = ',sensor="gpu"' if name.startswith("gpu_temperature_celsius") else ""
@@ -234,7 +240,10 @@ def test_an_outage_shows_coarse_first_then_full_resolution_with_nothing_lost_or_
         stored = {t for t, _ in s.stored("gpu_temperature_celsius")}
         return len(expected - stored), len(wanted - s.collector.seqs(boot).get(boot, set()))
 
-    wait_progressing(lambda: missing() == (0, 0), missing, 60, "the backlog at full resolution, stored and raw")
+    try:
+        wait_progressing(lambda: missing() == (0, 0), missing, 60, "the backlog at full resolution, stored and raw")
+    except AssertionError as exc:
+        raise AssertionError(f"{exc}; the agent: {s.state()}") from None
     stamps = [t for t, _ in s.stored("gpu_temperature_celsius")]
     assert len(stamps) == len(set(stamps)), "a sample stored twice"
     assert s.registry.get_sample_value("gpu_exporter_forward_dropped_samples_total", {"reason": "max_age"}) == 0

@@ -232,7 +232,8 @@ def exporter(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[tuple[i
 
 
 def _scrape_until(port: int, needle: str) -> str:
-    deadline = time.monotonic() + 20
+    # a bound for a failure only: a Python start and the first pod lookup take seconds at a load of 15
+    deadline = time.monotonic() + 60
     page = ""
     while time.monotonic() < deadline:
         try:
