@@ -5,9 +5,10 @@ With ``--metrics.naming=dcgm`` the page carries ``DCGM_FI_DEV_GPU_UTIL`` (percen
 labels them (``gpu``, ``UUID``, ``pci_bus_id``, ``device``, ``modelName``, ``Hostname``,
 ``DCGM_FI_DRIVER_VERSION``; ``GPU_I_ID`` and ``GPU_I_PROFILE`` on MIG instances; ``container``,
 ``namespace``, ``pod`` when pods are attributed), so that dashboards and alerts written for
-dcgm-exporter work unchanged. Which catalog key feeds which field, and the factor from our base unit
-to DCGM's, is recorded in the catalog (``Metric.dcgm``, ``dcgm_scale``, ``dcgm_type``); this module
-adds DCGM's units and help texts and builds the view. Series without a DCGM field (per-XID counts,
+dcgm-exporter work unchanged. Which catalog key feeds which field, the factor from our base unit to
+DCGM's, DCGM's type, unit and what the field measures are recorded in the catalog entry (``Metric.dcgm``,
+``dcgm_scale``, ``dcgm_type``, ``dcgm_unit``, ``dcgm_help``); this module builds the view from them,
+adding the older fields served beside two of them (``ALIASES``). Series without a DCGM field (per-XID counts,
 NVLink per link, throttle reasons at the sample instant, the health summary, per-pod series ...) stay
 served under their own names, labelled as the DCGM series are, so switching to this mode loses nothing.
 """
@@ -25,57 +26,8 @@ from gpu_exporter.model import DeviceId
 
 __all__ = ["ALIASES", "DCGM_UNITS", "DcgmField", "dcgm_fields", "dcgm_labels", "dcgm_view"]
 
-# DCGM field -> (unit of the value dcgm-exporter serves, what it measures)
-DCGM_UNITS: dict[str, tuple[str, str]] = {
-    "DCGM_FI_DEV_GPU_UTIL": ("%", "GPU utilization"),
-    "DCGM_FI_DEV_MEM_COPY_UTIL": ("%", "Memory utilization"),
-    "DCGM_FI_DEV_ENC_UTIL": ("%", "Encoder utilization"),
-    "DCGM_FI_DEV_DEC_UTIL": ("%", "Decoder utilization"),
-    "DCGM_FI_DEV_FB_TOTAL": ("MiB", "Framebuffer memory total"),
-    "DCGM_FI_DEV_FB_USED": ("MiB", "Framebuffer memory used"),
-    "DCGM_FI_DEV_FB_FREE": ("MiB", "Framebuffer memory free"),
-    "DCGM_FI_DEV_FB_RESERVED": ("MiB", "Framebuffer memory reserved"),
-    "DCGM_FI_DEV_GPU_TEMP": ("C", "GPU temperature"),
-    "DCGM_FI_DEV_MEMORY_TEMP": ("C", "Memory temperature"),
-    "DCGM_FI_DEV_POWER_USAGE": ("W", "Power draw"),
-    "DCGM_FI_DEV_POWER_MGMT_LIMIT": ("W", "Power management limit"),
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": ("mJ", "Total energy consumption since the driver loaded"),
-    "DCGM_FI_DEV_SM_CLOCK": ("MHz", "SM clock frequency"),
-    "DCGM_FI_DEV_MEM_CLOCK": ("MHz", "Memory clock frequency"),
-    "DCGM_FI_DEV_VIDEO_CLOCK": ("MHz", "Video encoder/decoder clock frequency"),
-    "DCGM_FI_DEV_MAX_SM_CLOCK": ("MHz", "Maximum SM clock frequency"),
-    "DCGM_FI_DEV_MAX_MEM_CLOCK": ("MHz", "Maximum memory clock frequency"),
-    "DCGM_FI_DEV_PSTATE": ("state", "Performance state, 0 (maximum) to 15"),
-    "DCGM_FI_DEV_FAN_SPEED": ("%", "Fan speed"),
-    "DCGM_FI_PROF_PCIE_TX_BYTES": ("B/s", "PCIe transmit rate"),
-    "DCGM_FI_PROF_PCIE_RX_BYTES": ("B/s", "PCIe receive rate"),
-    "DCGM_FI_DEV_PCIE_REPLAY_COUNTER": ("count", "Total number of PCIe retries"),
-    "DCGM_FI_DEV_PCIE_LINK_GEN": ("generation", "PCIe link generation"),
-    "DCGM_FI_DEV_PCIE_LINK_WIDTH": ("lanes", "PCIe link width"),
-    "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL": ("count", "Single-bit volatile ECC errors"),
-    "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL": ("count", "Double-bit volatile ECC errors"),
-    "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL": ("count", "Single-bit persistent ECC errors"),
-    "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL": ("count", "Double-bit persistent ECC errors"),
-    "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS": ("count", "Rows remapped for correctable errors"),
-    "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS": ("count", "Rows remapped for uncorrectable errors"),
-    "DCGM_FI_DEV_ROW_REMAP_FAILURE": ("bool", "Whether remapping of rows has failed"),
-    "DCGM_FI_DEV_RETIRED_SBE": ("count", "Pages retired for single-bit errors"),
-    "DCGM_FI_DEV_RETIRED_DBE": ("count", "Pages retired for double-bit errors"),
-    "DCGM_FI_PROF_SM_ACTIVE": ("ratio", "Ratio of cycles an SM has at least one warp assigned"),
-    "DCGM_FI_PROF_SM_OCCUPANCY": ("ratio", "Ratio of resident warps to the maximum on an SM"),
-    "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": ("ratio", "Ratio of cycles the tensor pipe is active"),
-    "DCGM_FI_PROF_DRAM_ACTIVE": ("ratio", "Ratio of cycles the device memory interface is active"),
-    "DCGM_FI_PROF_PIPE_FP64_ACTIVE": ("ratio", "Ratio of cycles the fp64 pipe is active"),
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": ("ratio", "Ratio of cycles the fp32 pipe is active"),
-    "DCGM_FI_PROF_PIPE_FP16_ACTIVE": ("ratio", "Ratio of cycles the fp16 pipe is active"),
-    "DCGM_FI_DEV_XID_ERRORS": ("xid", "Value of the last XID error encountered"),
-    "DCGM_FI_DEV_POWER_VIOLATION": ("us", "Throttling duration due to power constraints"),
-    "DCGM_FI_DEV_THERMAL_VIOLATION": ("us", "Throttling duration due to thermal constraints"),
-    "DCGM_FI_DEV_SYNC_BOOST_VIOLATION": ("us", "Throttling duration due to sync-boost constraints"),
-    "DCGM_FI_DEV_BOARD_LIMIT_VIOLATION": ("us", "Throttling duration due to board limit constraints"),
-    "DCGM_FI_DEV_LOW_UTIL_VIOLATION": ("us", "Throttling duration due to low utilization"),
-    "DCGM_FI_DEV_RELIABILITY_VIOLATION": ("us", "Throttling duration due to reliability constraints"),
-}
+# DCGM field -> (unit of the value dcgm-exporter serves, what it measures), as the catalog entries say
+DCGM_UNITS: Mapping[str, tuple[str, str]] = {m.dcgm: (m.dcgm_unit, m.dcgm_help) for m in catalog.CATALOG if m.dcgm}
 
 # Fields of older dcgm-exporter releases' default list (and of Grafana dashboard 12239) for a quantity
 # the catalog maps to a newer field: served under both names. (catalog key, field, scale, type, unit, what)
@@ -109,8 +61,8 @@ def dcgm_fields(metrics: Iterable[catalog.Metric] = catalog.CATALOG) -> tuple[Dc
             raise ValueError(f"two catalog keys map to {m.dcgm}")
         seen.add(m.dcgm)
         keys.add(m.key)
-        unit, what = DCGM_UNITS.get(m.dcgm, ("", m.help.rstrip(".")))
-        out.append(DcgmField(m.key, m.dcgm, m.dcgm_type or "gauge", m.dcgm_scale, unit, _help(what, unit)))
+        unit = m.dcgm_unit
+        out.append(DcgmField(m.key, m.dcgm, m.dcgm_type or "gauge", m.dcgm_scale, unit, _help(m.dcgm_help, unit)))
     for key, name, scale, type_, unit, what in ALIASES:
         if key in keys and name not in seen:
             out.append(DcgmField(key, name, type_, scale, unit, _help(what, unit)))

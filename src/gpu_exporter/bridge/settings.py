@@ -10,9 +10,9 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 
 from gpu_exporter.bridge.options import BridgeOptions, RemoteWriteOptions
-from gpu_exporter.config.tls import tls_context
 from gpu_exporter.forward.options import ForwardOptions
 from gpu_exporter.mqtt.settings import LinkSettings, broker_address
+from gpu_exporter.mqtt.tls import tls_context
 
 __all__ = [
     "MQTT_MAX_PACKET",

@@ -26,6 +26,7 @@ __all__ = [
     "Family",
     "Metric",
     "by_key",
+    "check",
     "families",
     "health_inputs",
     "kept_keys",
@@ -73,8 +74,22 @@ UP = Family("gpu_up", "gauge", "1 when the device answered in the last collect c
 INFO = Family("gpu_info", "gauge", "Device identity; the value is always 1.", ())
 
 
-if len(_BY_KEY) != len(CATALOG):  # pragma: no cover - guarded by tests as well
-    raise ValueError("duplicate catalog key")
+def check(metrics: Iterable[Metric]) -> None:
+    """Refuse entries that contradict themselves; run on the catalog when it loads, so a slip in a new
+    entry fails at import rather than on a page. Keys are unique; an entry with a DCGM field says its
+    unit and what it measures (the DCGM page's help); one without says nothing about DCGM."""
+    keys: set[str] = set()
+    for m in metrics:
+        if m.key in keys:
+            raise ValueError(f"duplicate catalog key {m.key}")
+        keys.add(m.key)
+        if m.dcgm and not (m.dcgm_unit and m.dcgm_help):
+            raise ValueError(f"catalog key {m.key}: DCGM field {m.dcgm} needs dcgm_unit and dcgm_help")
+        if not m.dcgm and (m.dcgm_unit or m.dcgm_help or m.dcgm_type or m.dcgm_scale != 1.0):
+            raise ValueError(f"catalog key {m.key}: DCGM unit, help, type or scale without a DCGM field")
+
+
+check(CATALOG)
 
 
 def markdown_table() -> str:

@@ -24,6 +24,8 @@ METRICS: tuple[Metric, ...] = (
         "utilization",
         dcgm="DCGM_FI_DEV_GPU_UTIL",
         scale=100,
+        dcgm_unit="%",
+        dcgm_help="GPU utilization",
     ),
     entry(
         "memory_utilization",
@@ -33,6 +35,8 @@ METRICS: tuple[Metric, ...] = (
         "utilization",
         dcgm="DCGM_FI_DEV_MEM_COPY_UTIL",
         scale=100,
+        dcgm_unit="%",
+        dcgm_help="Memory utilization",
     ),
     entry(
         "encoder_utilization",
@@ -42,6 +46,8 @@ METRICS: tuple[Metric, ...] = (
         "utilization",
         dcgm="DCGM_FI_DEV_ENC_UTIL",
         scale=100,
+        dcgm_unit="%",
+        dcgm_help="Encoder utilization",
     ),
     entry(
         "decoder_utilization",
@@ -51,6 +57,8 @@ METRICS: tuple[Metric, ...] = (
         "utilization",
         dcgm="DCGM_FI_DEV_DEC_UTIL",
         scale=100,
+        dcgm_unit="%",
+        dcgm_help="Decoder utilization",
     ),
     # memory
     entry(
@@ -61,6 +69,8 @@ METRICS: tuple[Metric, ...] = (
         "memory",
         dcgm="DCGM_FI_DEV_FB_TOTAL",
         scale=MiB,
+        dcgm_unit="MiB",
+        dcgm_help="Framebuffer memory total",
     ),
     entry(
         "memory_used",
@@ -70,6 +80,8 @@ METRICS: tuple[Metric, ...] = (
         "memory",
         dcgm="DCGM_FI_DEV_FB_USED",
         scale=MiB,
+        dcgm_unit="MiB",
+        dcgm_help="Framebuffer memory used",
     ),
     entry(
         "memory_free",
@@ -79,6 +91,8 @@ METRICS: tuple[Metric, ...] = (
         "memory",
         dcgm="DCGM_FI_DEV_FB_FREE",
         scale=MiB,
+        dcgm_unit="MiB",
+        dcgm_help="Framebuffer memory free",
     ),
     entry(
         "memory_reserved",
@@ -88,6 +102,8 @@ METRICS: tuple[Metric, ...] = (
         "memory",
         dcgm="DCGM_FI_DEV_FB_RESERVED",
         scale=MiB,
+        dcgm_unit="MiB",
+        dcgm_help="Framebuffer memory reserved",
     ),
     entry(
         "shared_memory_used",
@@ -102,12 +118,22 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         TEMP_HELP,
         "temperature",
-        Variant("temp_gpu", {"sensor": "gpu"}, "DCGM_FI_DEV_GPU_TEMP"),
-        Variant("temp_memory", {"sensor": "memory"}, "DCGM_FI_DEV_MEMORY_TEMP"),
+        Variant("temp_gpu", {"sensor": "gpu"}, "DCGM_FI_DEV_GPU_TEMP", "GPU temperature"),
+        Variant("temp_memory", {"sensor": "memory"}, "DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature"),
         Variant("temp_junction", {"sensor": "junction"}),
+        dcgm_unit="C",
     ),
     # power and energy
-    entry("power", "gpu_power_watts", "gauge", "Power draw in watts.", "power", dcgm="DCGM_FI_DEV_POWER_USAGE"),
+    entry(
+        "power",
+        "gpu_power_watts",
+        "gauge",
+        "Power draw in watts.",
+        "power",
+        dcgm="DCGM_FI_DEV_POWER_USAGE",
+        dcgm_unit="W",
+        dcgm_help="Power draw",
+    ),
     entry(
         "power_limit",
         "gpu_power_limit_watts",
@@ -115,6 +141,8 @@ METRICS: tuple[Metric, ...] = (
         "Enforced power limit in watts.",
         "power",
         dcgm="DCGM_FI_DEV_POWER_MGMT_LIMIT",
+        dcgm_unit="W",
+        dcgm_help="Power management limit",
     ),
     entry(
         "energy",
@@ -125,6 +153,8 @@ METRICS: tuple[Metric, ...] = (
         dcgm="DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
         scale=1000,
         dcgm_type="counter",
+        dcgm_unit="mJ",
+        dcgm_help="Total energy consumption since the driver loaded",
     ),
     # clocks
     *family(
@@ -133,10 +163,11 @@ METRICS: tuple[Metric, ...] = (
         CLOCK_HELP,
         "clocks",
         Variant("clock_graphics", {"clock": "graphics"}),
-        Variant("clock_sm", {"clock": "sm"}, "DCGM_FI_DEV_SM_CLOCK"),
-        Variant("clock_memory", {"clock": "memory"}, "DCGM_FI_DEV_MEM_CLOCK"),
-        Variant("clock_video", {"clock": "video"}, "DCGM_FI_DEV_VIDEO_CLOCK"),
+        Variant("clock_sm", {"clock": "sm"}, "DCGM_FI_DEV_SM_CLOCK", "SM clock frequency"),
+        Variant("clock_memory", {"clock": "memory"}, "DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency"),
+        Variant("clock_video", {"clock": "video"}, "DCGM_FI_DEV_VIDEO_CLOCK", "Video encoder/decoder clock frequency"),
         scale=1e-6,
+        dcgm_unit="MHz",
     ),
     *family(
         "gpu_clock_max_hertz",
@@ -144,10 +175,11 @@ METRICS: tuple[Metric, ...] = (
         MAXCLOCK_HELP,
         "clocks",
         Variant("clock_max_graphics", {"clock": "graphics"}),
-        Variant("clock_max_sm", {"clock": "sm"}, "DCGM_FI_DEV_MAX_SM_CLOCK"),
-        Variant("clock_max_memory", {"clock": "memory"}, "DCGM_FI_DEV_MAX_MEM_CLOCK"),
+        Variant("clock_max_sm", {"clock": "sm"}, "DCGM_FI_DEV_MAX_SM_CLOCK", "Maximum SM clock frequency"),
+        Variant("clock_max_memory", {"clock": "memory"}, "DCGM_FI_DEV_MAX_MEM_CLOCK", "Maximum memory clock frequency"),
         Variant("clock_max_video", {"clock": "video"}),
         scale=1e-6,
+        dcgm_unit="MHz",
     ),
     entry(
         "clock_event_reason",
@@ -164,6 +196,8 @@ METRICS: tuple[Metric, ...] = (
         "Performance state: 0 is maximum performance, 15 minimum.",
         "clocks",
         dcgm="DCGM_FI_DEV_PSTATE",
+        dcgm_unit="state",
+        dcgm_help="Performance state, 0 (maximum) to 15",
     ),
     # fan
     entry(
@@ -174,6 +208,8 @@ METRICS: tuple[Metric, ...] = (
         "fan",
         dcgm="DCGM_FI_DEV_FAN_SPEED",
         scale=100,
+        dcgm_unit="%",
+        dcgm_help="Fan speed",
     ),
     # pcie
     *family(
@@ -181,8 +217,9 @@ METRICS: tuple[Metric, ...] = (
         "gauge",
         PCIE_HELP,
         "pcie",
-        Variant("pcie_tx", {"direction": "tx"}, "DCGM_FI_PROF_PCIE_TX_BYTES"),
-        Variant("pcie_rx", {"direction": "rx"}, "DCGM_FI_PROF_PCIE_RX_BYTES"),
+        Variant("pcie_tx", {"direction": "tx"}, "DCGM_FI_PROF_PCIE_TX_BYTES", "PCIe transmit rate"),
+        Variant("pcie_rx", {"direction": "rx"}, "DCGM_FI_PROF_PCIE_RX_BYTES", "PCIe receive rate"),
+        dcgm_unit="B/s",
     ),
     entry(
         "pcie_replay",
@@ -192,6 +229,8 @@ METRICS: tuple[Metric, ...] = (
         "pcie",
         dcgm="DCGM_FI_DEV_PCIE_REPLAY_COUNTER",
         dcgm_type="counter",
+        dcgm_unit="count",
+        dcgm_help="Total number of PCIe retries",
         health="pcie",
     ),
     entry(
@@ -201,6 +240,8 @@ METRICS: tuple[Metric, ...] = (
         "Current PCIe link generation.",
         "pcie",
         dcgm="DCGM_FI_DEV_PCIE_LINK_GEN",
+        dcgm_unit="generation",
+        dcgm_help="PCIe link generation",
     ),
     entry(
         "pcie_link_width",
@@ -209,5 +250,7 @@ METRICS: tuple[Metric, ...] = (
         "Current PCIe link width (lanes).",
         "pcie",
         dcgm="DCGM_FI_DEV_PCIE_LINK_WIDTH",
+        dcgm_unit="lanes",
+        dcgm_help="PCIe link width",
     ),
 )

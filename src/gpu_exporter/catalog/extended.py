@@ -40,38 +40,56 @@ METRICS: tuple[Metric, ...] = (
         "counter",
         "ECC errors by type and scope (volatile: since driver load; aggregate: lifetime).",
         "ecc",
-        Variant("ecc_corrected_volatile", {"type": "corrected", "scope": "volatile"}, "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL"),
+        Variant(
+            "ecc_corrected_volatile",
+            {"type": "corrected", "scope": "volatile"},
+            "DCGM_FI_DEV_ECC_SBE_VOL_TOTAL",
+            "Single-bit volatile ECC errors",
+        ),
         Variant(
             "ecc_uncorrected_volatile",
             {"type": "uncorrected", "scope": "volatile"},
             "DCGM_FI_DEV_ECC_DBE_VOL_TOTAL",
             event=True,
             health="memory",
+            dcgm_help="Double-bit volatile ECC errors",
         ),
         Variant(
-            "ecc_corrected_aggregate", {"type": "corrected", "scope": "aggregate"}, "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL"
+            "ecc_corrected_aggregate",
+            {"type": "corrected", "scope": "aggregate"},
+            "DCGM_FI_DEV_ECC_SBE_AGG_TOTAL",
+            "Single-bit persistent ECC errors",
         ),
         Variant(
             "ecc_uncorrected_aggregate",
             {"type": "uncorrected", "scope": "aggregate"},
             "DCGM_FI_DEV_ECC_DBE_AGG_TOTAL",
             event=True,
+            dcgm_help="Double-bit persistent ECC errors",
         ),
         dcgm_type="counter",
+        dcgm_unit="count",
     ),
     *family(
         "gpu_remapped_rows_total",
         "counter",
         "Memory rows remapped, by the kind of error that caused it.",
         "ecc",
-        Variant("remapped_rows_correctable", {"type": "correctable"}, "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS"),
+        Variant(
+            "remapped_rows_correctable",
+            {"type": "correctable"},
+            "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+            "Rows remapped for correctable errors",
+        ),
         Variant(
             "remapped_rows_uncorrectable",
             {"type": "uncorrectable"},
             "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
             event=True,
+            dcgm_help="Rows remapped for uncorrectable errors",
         ),
         dcgm_type="counter",
+        dcgm_unit="count",
     ),
     entry(
         "remapped_rows_pending",
@@ -90,14 +108,29 @@ METRICS: tuple[Metric, ...] = (
         dcgm="DCGM_FI_DEV_ROW_REMAP_FAILURE",
         event=True,
         health="memory",
+        dcgm_unit="bool",
+        dcgm_help="Whether remapping of rows has failed",
     ),
     *family(
         "gpu_retired_pages",
         "gauge",
         "Memory pages retired, by cause.",
         "ecc",
-        Variant("retired_pages_sbe", {"cause": "multiple_single_bit"}, "DCGM_FI_DEV_RETIRED_SBE", health="memory"),
-        Variant("retired_pages_dbe", {"cause": "double_bit"}, "DCGM_FI_DEV_RETIRED_DBE", health="memory"),
+        Variant(
+            "retired_pages_sbe",
+            {"cause": "multiple_single_bit"},
+            "DCGM_FI_DEV_RETIRED_SBE",
+            "Pages retired for single-bit errors",
+            health="memory",
+        ),
+        Variant(
+            "retired_pages_dbe",
+            {"cause": "double_bit"},
+            "DCGM_FI_DEV_RETIRED_DBE",
+            "Pages retired for double-bit errors",
+            health="memory",
+        ),
+        dcgm_unit="count",
     ),
     # nvlink
     entry(
@@ -127,31 +160,35 @@ METRICS: tuple[Metric, ...] = (
     ),
     # gpm (Hopper and newer)
     *(
-        entry(key, name, "gauge", help_, "gpm", dcgm=dcgm)
-        for key, name, help_, dcgm in (
+        entry(key, name, "gauge", help_, "gpm", dcgm=dcgm, dcgm_unit="ratio", dcgm_help=dcgm_help)
+        for key, name, help_, dcgm, dcgm_help in (
             (
                 "sm_active",
                 "gpu_sm_active_ratio",
                 "Fraction of time at least one warp was active on an SM, averaged over SMs (0-1).",
                 "DCGM_FI_PROF_SM_ACTIVE",
+                "Ratio of cycles an SM has at least one warp assigned",
             ),
             (
                 "sm_occupancy",
                 "gpu_sm_occupancy_ratio",
                 "Resident warps as a fraction of the theoretical maximum, averaged over SMs (0-1).",
                 "DCGM_FI_PROF_SM_OCCUPANCY",
+                "Ratio of resident warps to the maximum on an SM",
             ),
             (
                 "tensor_active",
                 "gpu_tensor_active_ratio",
                 "Fraction of cycles a tensor pipe was active (0-1).",
                 "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE",
+                "Ratio of cycles the tensor pipe is active",
             ),
             (
                 "dram_active",
                 "gpu_dram_active_ratio",
                 "Device memory bandwidth used as a fraction of its peak (0-1).",
                 "DCGM_FI_PROF_DRAM_ACTIVE",
+                "Ratio of cycles the device memory interface is active",
             ),
         )
     ),
@@ -161,9 +198,15 @@ METRICS: tuple[Metric, ...] = (
         "Fraction of cycles a math pipe was active (0-1).",
         "gpm",
         *(
-            Variant(f"{pipe}_active", {"pipe": pipe}, f"DCGM_FI_PROF_PIPE_{pipe.upper()}_ACTIVE")
+            Variant(
+                f"{pipe}_active",
+                {"pipe": pipe},
+                f"DCGM_FI_PROF_PIPE_{pipe.upper()}_ACTIVE",
+                f"Ratio of cycles the {pipe} pipe is active",
+            )
             for pipe in ("fp64", "fp32", "fp16")
         ),
+        dcgm_unit="ratio",
     ),
     # xid
     entry(
@@ -185,18 +228,25 @@ METRICS: tuple[Metric, ...] = (
         "Seconds the clocks were held down, by cause (NVIDIA: since the driver loaded; AMD: since the agent started).",
         "clocks",
         *(
-            Variant(f"clock_event_seconds_{reason}", {"reason": reason}, f"DCGM_FI_DEV_{field}_VIOLATION", health=role)
-            for reason, field, role in (
-                ("power", "POWER", "power"),
-                ("thermal", "THERMAL", "thermal"),
-                ("sync_boost", "SYNC_BOOST", ""),
-                ("board_limit", "BOARD_LIMIT", ""),
-                ("low_utilization", "LOW_UTIL", ""),
-                ("reliability", "RELIABILITY", ""),
+            Variant(
+                f"clock_event_seconds_{reason}",
+                {"reason": reason},
+                f"DCGM_FI_DEV_{field}_VIOLATION",
+                f"Throttling duration due to {cause}",
+                health=role,
+            )
+            for reason, field, cause, role in (
+                ("power", "POWER", "power constraints", "power"),
+                ("thermal", "THERMAL", "thermal constraints", "thermal"),
+                ("sync_boost", "SYNC_BOOST", "sync-boost constraints", ""),
+                ("board_limit", "BOARD_LIMIT", "board limit constraints", ""),
+                ("low_utilization", "LOW_UTIL", "low utilization", ""),
+                ("reliability", "RELIABILITY", "reliability constraints", ""),
             )
         ),
         scale=1e6,
         dcgm_type="counter",
+        dcgm_unit="us",
     ),
     entry(
         "health",
@@ -214,5 +264,7 @@ METRICS: tuple[Metric, ...] = (
         "xid",
         dcgm="DCGM_FI_DEV_XID_ERRORS",
         health="xid",
+        dcgm_unit="xid",
+        dcgm_help="Value of the last XID error encountered",
     ),
 )

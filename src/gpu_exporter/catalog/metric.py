@@ -36,6 +36,8 @@ class Metric:
     dcgm: str = ""  # dcgm-exporter's field name for the same quantity, if it has one
     dcgm_scale: float = 1.0  # multiply our base-unit value by this to get DCGM's unit
     dcgm_type: MetricType | None = None
+    dcgm_unit: str = ""  # the unit of DCGM's value ("MiB", "%", "count"); set with ``dcgm``
+    dcgm_help: str = ""  # what the DCGM field measures; the page adds the unit (naming.py)
     # an alert waits for it: a change closes the agent's open batch at once, and every summary carries
     # it whatever the link (forward/summary.py)
     event: bool = False
@@ -54,19 +56,37 @@ def entry(
     dcgm: str = "",
     scale: float = 1.0,
     dcgm_type: MetricType | None = None,
+    dcgm_unit: str = "",
+    dcgm_help: str = "",
     event: bool = False,
     health: str = "",
 ) -> Metric:
     const_labels = tuple((const or {}).items())
-    return Metric(key, name, type_, help_, group, const_labels, labels, dcgm, scale, dcgm_type, event, health)
+    return Metric(
+        key,
+        name,
+        type_,
+        help_,
+        group,
+        const_labels,
+        labels,
+        dcgm,
+        scale,
+        dcgm_type,
+        dcgm_unit,
+        dcgm_help,
+        event,
+        health,
+    )
 
 
 class Variant(NamedTuple):
-    """One entry of a ``family``: its key, constant labels, DCGM field, and flags."""
+    """One entry of a ``family``: its key, constant labels, DCGM field and what that measures, and flags."""
 
     key: str
     const: dict[str, str]
     dcgm: str = ""
+    dcgm_help: str = ""
     event: bool = False
     health: str = ""
 
@@ -79,9 +99,10 @@ def family(
     *variants: Variant,
     scale: float = 1.0,
     dcgm_type: MetricType | None = None,
+    dcgm_unit: str = "",
 ) -> tuple[Metric, ...]:
     """The entries of one Prometheus family that tell themselves apart by constant labels, one per
-    variant; ``scale`` and ``dcgm_type`` apply to those with a DCGM field."""
+    variant; ``scale``, ``dcgm_type`` and ``dcgm_unit`` apply to those with a DCGM field."""
     return tuple(
         entry(
             v.key,
@@ -93,6 +114,8 @@ def family(
             dcgm=v.dcgm,
             scale=scale if v.dcgm else 1.0,
             dcgm_type=dcgm_type if v.dcgm else None,
+            dcgm_unit=dcgm_unit if v.dcgm else "",
+            dcgm_help=v.dcgm_help,
             event=v.event,
             health=v.health,
         )

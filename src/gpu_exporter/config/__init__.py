@@ -18,12 +18,12 @@ from typing import TYPE_CHECKING
 
 from gpu_exporter import lazy
 from gpu_exporter.config.parsers import ConfigError, Option
-from gpu_exporter.config.tls import error_reason, tls_context
 
 if TYPE_CHECKING:
     from gpu_exporter.backends.options import VENDORS
     from gpu_exporter.config.model import ALL_OPTIONS, OPTIONS, Config, option_names, replace
     from gpu_exporter.config.sources import ENV_PREFIX, add_arguments, env_name, load, read_file
+    from gpu_exporter.mqtt.tls import error_reason, tls_context
 
 __all__ = [
     "ALL_OPTIONS",
@@ -47,6 +47,7 @@ _LAZY = {
     "VENDORS": "gpu_exporter.backends.options",
     **dict.fromkeys(("ALL_OPTIONS", "OPTIONS", "Config", "option_names", "replace"), "gpu_exporter.config.model"),
     **dict.fromkeys(("ENV_PREFIX", "add_arguments", "env_name", "load", "read_file"), "gpu_exporter.config.sources"),
+    **dict.fromkeys(("error_reason", "tls_context"), "gpu_exporter.mqtt.tls"),  # mqtt.tls imports config.parsers
 }
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from gpu_exporter.config.model import Config
 from gpu_exporter.config.parsers import ConfigError
-from gpu_exporter.config.tls import tls_context
+from gpu_exporter.mqtt.tls import tls_context
 
 __all__ = ["MAX_CLIENT_ID", "MAX_NODE_NAME", "MAX_PASSWORD", "MAX_TOPIC_PREFIX", "MAX_USERNAME", "check"]
 

@@ -8,7 +8,8 @@ import ssl
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from gpu_exporter.config import Config, tls_context
+from gpu_exporter.config import Config
+from gpu_exporter.mqtt.tls import tls_context
 
 __all__ = [
     "LINK_FIELDS",

@@ -1,4 +1,5 @@
-"""The agent's TLS context for mqtts://, and the one-line reason of a TLS or OS error."""
+"""The TLS context for mqtts:// (the agent's, and the bridge's towards its broker), and the one-line reason
+of a TLS or OS error."""
 
 from __future__ import annotations
 
