@@ -24,10 +24,7 @@ from gpu_exporter.exposition import View, ViewFamily, ViewSeries, escape, native
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.model import DeviceId
 
-__all__ = ["ALIASES", "DCGM_UNITS", "DcgmField", "dcgm_fields", "dcgm_labels", "dcgm_view"]
-
-# DCGM field -> (unit of the value dcgm-exporter serves, what it measures), as the catalog entries say
-DCGM_UNITS: Mapping[str, tuple[str, str]] = {m.dcgm: (m.dcgm_unit, m.dcgm_help) for m in catalog.CATALOG if m.dcgm}
+__all__ = ["ALIASES", "DcgmField", "dcgm_fields", "dcgm_labels", "dcgm_view"]
 
 # Fields of older dcgm-exporter releases' default list (and of Grafana dashboard 12239) for a quantity
 # the catalog maps to a newer field: served under both names. (catalog key, field, scale, type, unit, what)

@@ -26,6 +26,7 @@ from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import BRIDGE
 from gpu_exporter.config.sources import add_option
 from gpu_exporter.daemon import Signals
+from gpu_exporter.mqtt.tls import error_reason
 
 if TYPE_CHECKING:
     from gpu_exporter.bridge.settings import BridgeSettings
@@ -81,7 +82,7 @@ def _read_mqtt_password(path: str) -> bytes | None:
     try:
         return read_password_bytes(path)
     except OSError as exc:
-        raise cfg.ConfigError(f"cannot read the MQTT password file {path}: {cfg.error_reason(exc)}") from None
+        raise cfg.ConfigError(f"cannot read the MQTT password file {path}: {error_reason(exc)}") from None
 
 
 def settings_from(config: cfg.Config) -> BridgeSettings:

@@ -23,7 +23,6 @@ if TYPE_CHECKING:
     from gpu_exporter.backends.options import VENDORS
     from gpu_exporter.config.model import ALL_OPTIONS, OPTIONS, Config, option_names, replace
     from gpu_exporter.config.sources import ENV_PREFIX, add_arguments, env_name, load, read_file
-    from gpu_exporter.mqtt.tls import error_reason, tls_context
 
 __all__ = [
     "ALL_OPTIONS",
@@ -35,19 +34,16 @@ __all__ = [
     "Option",
     "add_arguments",
     "env_name",
-    "error_reason",
     "load",
     "option_names",
     "read_file",
     "replace",
-    "tls_context",
 ]
 
 _LAZY = {
     "VENDORS": "gpu_exporter.backends.options",
     **dict.fromkeys(("ALL_OPTIONS", "OPTIONS", "Config", "option_names", "replace"), "gpu_exporter.config.model"),
     **dict.fromkeys(("ENV_PREFIX", "add_arguments", "env_name", "load", "read_file"), "gpu_exporter.config.sources"),
-    **dict.fromkeys(("error_reason", "tls_context"), "gpu_exporter.mqtt.tls"),  # mqtt.tls imports config.parsers
 }
 
 

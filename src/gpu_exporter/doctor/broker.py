@@ -13,6 +13,7 @@ from typing import Any
 from gpu_exporter import config as cfg
 from gpu_exporter.doctor.checks import FAIL, OK, SKIP, WARN, Node, Result
 from gpu_exporter.mqtt.settings import broker_address
+from gpu_exporter.mqtt.tls import error_reason, tls_context
 
 __all__ = ["broker", "clock"]
 
@@ -47,12 +48,12 @@ def broker(node: Node) -> Result:
     except cfg.ConfigError as exc:
         return Result(name, FAIL, str(exc), "fix the TLS files named above")
     except ssl.SSLError as exc:
-        return Result(name, FAIL, f"TLS with {host}:{port} failed: {cfg.error_reason(exc)}", _TLS_FIX)
+        return Result(name, FAIL, f"TLS with {host}:{port} failed: {error_reason(exc)}", _TLS_FIX)
     except OSError as exc:
         return Result(
             name,
             FAIL,
-            f"cannot reach {host}:{port}: {cfg.error_reason(exc)}",
+            f"cannot reach {host}:{port}: {error_reason(exc)}",
             "check the URL, DNS, the firewall and that the broker listens there",
         )
     deadline = time.monotonic() + node.mqtt_timeout
@@ -61,7 +62,7 @@ def broker(node: Node) -> Result:
             if client.loop(timeout=0.1) != paho.MQTT_ERR_SUCCESS:
                 break
     except ssl.SSLError as exc:
-        return Result(name, FAIL, f"TLS with {host}:{port} failed: {cfg.error_reason(exc)}", _TLS_FIX)
+        return Result(name, FAIL, f"TLS with {host}:{port} failed: {error_reason(exc)}", _TLS_FIX)
     finally:
         try:
             client.disconnect()
@@ -101,7 +102,7 @@ def clock(node: Node) -> Result:
         return Result(name, OK, "plausible (plain MQTT carries no time to compare with)")
     host, port, _ = broker_address(c.mqtt_url)
     try:
-        ctx = cfg.tls_context(c)
+        ctx = tls_context(c)
         ctx.check_hostname = False  # the name is the mqtt-broker check's business; the dates are ours
         with (
             socket.create_connection((host, port), timeout=node.mqtt_timeout) as raw,
@@ -119,7 +120,7 @@ def clock(node: Node) -> Result:
             )
         return Result(name, WARN, f"could not check against the broker's certificate: {exc.verify_message}")
     except (OSError, ssl.SSLError, cfg.ConfigError) as exc:
-        return Result(name, WARN, f"could not check against the broker's certificate: {cfg.error_reason(exc)}")
+        return Result(name, WARN, f"could not check against the broker's certificate: {error_reason(exc)}")
     return Result(name, OK, "plausible, and within the broker certificate's validity")
 
 

@@ -35,12 +35,12 @@ from paho.mqtt.packettypes import PacketTypes
 from paho.mqtt.properties import Properties
 from paho.mqtt.reasoncodes import ReasonCode
 
-from gpu_exporter.config import error_reason as _reason
 from gpu_exporter.mqtt import sendtime
 from gpu_exporter.mqtt.client import new_client
 from gpu_exporter.mqtt.packet import PacketGuard, publish_size
 from gpu_exporter.mqtt.ramp import SegmentRamp, tcp_state
 from gpu_exporter.mqtt.settings import LinkSettings, read_password
+from gpu_exporter.mqtt.tls import error_reason as _reason
 
 __all__ = ["Link"]
 
