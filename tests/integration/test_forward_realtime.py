@@ -91,7 +91,8 @@ def thin_link(tmp_path_factory: pytest.TempPathFactory, victoria: VictoriaMetric
     if why:
         pytest.skip(f"{NOT_APPLICABLE} {why}")
     work = tmp_path_factory.mktemp("thin")
-    rig = Rig(f"rt{os.getpid()}", RATE, work, victoria)  # the namespace is this process's own
+    # the namespace is this process's own; the agent's debug log says what went when (for a failure's message)
+    rig = Rig(f"rt{os.getpid()}", RATE, work, victoria, agent_extra=("--log.level=debug",))
     seen = Observed()
     rig.start()
     watch = None
@@ -147,4 +148,5 @@ def test_fresh_data_reaches_the_cloud_within_45_seconds_through_150_bytes_per_se
     settled = [(t, lag) for t, lag in thin_link.lags if t >= SETTLED]
     assert len(settled) >= 10, thin_link.lags
     worst = max(lag for _, lag in settled)
-    assert math.isfinite(worst) and worst <= BOUND, settled
+    sent = [line for line in thin_link.log.splitlines() if "publish " in line or "summary of" in line]
+    assert math.isfinite(worst) and worst <= BOUND, (settled, "\n".join(sent[-40:]))
