@@ -1007,6 +1007,14 @@ MUTANTS += (
             "the web server stamps its TLS files after loading them: a certificate renewed in between is never served",
         ),
         Mutant(
+            "ramp-fast-after-six-pieces",
+            "src/gpu_exporter/mqtt/ramp.py",
+            "        if self._quick >= QUICK_BYTES:\n",
+            "        if self._quick >= QUICK_BYTES or (self._quick > 0 and self.pieces >= 6):\n",
+            ("tests/unit/forward/test_segment_ramp.py",),
+            "six quick pieces end the ramp: a thin link behind a 1,600-byte token bucket passes for a fast one",
+        ),
+        Mutant(
             "bridge-keepalive-fixed",
             "src/gpu_exporter/bridge/settings.py",
             '    keepalive: float = _option(ForwardOptions, "mqtt_keepalive")  # seconds\n',

@@ -17,7 +17,11 @@ once TCP has had the previous acknowledged, each as large as the link carries in
 piece that rode a burst measures no rate: until a round trip was slow, pieces are at most
 ``QUICK_PIECE`` (doubling from ``FIRST`` would make the piece that finds the burst spent a large one:
 844 bytes, 6 s of a 150 B/s link, in one run), and a fast link leaves the ramp once its pieces came back
-quickly ``QUICK_PIECES`` times or with more bytes than a burst lends (``QUICK_BYTES``). On a thin link the first piece that meets an empty bucket is
+quickly with more bytes on the wire, headers counted, than a burst lends (``QUICK_BYTES``). A count of quick
+pieces is no such proof: six pieces of up to 256 bytes take 1.5 kB on the wire, which a token bucket of
+1,600 bytes lends at once, and a connection that left the ramp on them then wrote 2.5 kB summaries whole
+into a 150 B/s link (TCP resent them, a PUBACK did not come within a minute, the agent reconnected).
+On a thin link the first piece that meets an empty bucket is
 still resent by TCP, but it is a small one, and its slow round trip grows the timer: each later piece
 stays within it and grows it further (about 1.6 times a round trip, from what Linux's estimator does
 with such samples), until a full segment fits. From then on, for as long as the connection lasts, a
@@ -62,8 +66,7 @@ QUICK_PIECE = 256  # the largest piece until a round trip was slow (what TCP res
 MIN_PIECE = 32  # the least piece handed over (below that, headers are most of the link's time)
 SHARE = 0.8  # a piece takes the link at most this share of TCP's timer
 FULL = 1448  # bytes of a full segment on an Ethernet path (loopback's segments are far larger)
-QUICK_BYTES = 3 * FULL  # pieces all back quickly, this many bytes of them: more than a burst lends, a fast link
-QUICK_PIECES = 6  # ... or this many of them (a stream of small packets, which never doubles the pieces)
+QUICK_BYTES = 3 * FULL  # pieces all back quickly, this many bytes of them on the wire: more than a burst lends
 
 # struct tcp_info (linux/tcp.h): eight one-byte fields, then u32s: rto, ato, snd_mss, rcv_mss, unacked,
 # sacked, lost, retrans, fackets, last_data_sent, last_ack_sent, last_data_recv, last_ack_recv (ms); at
@@ -126,8 +129,7 @@ class SegmentRamp:
         self._sent_at = 0.0
         self._last = 0  # bytes of the last piece acknowledged
         self._rate = 0.0  # wire bytes per second the last piece took the link (0: none yet)
-        self._quick = 0  # bytes of pieces that came back well within the timer (<0: one did not)
-        self._quick_pieces = 0  # how many
+        self._quick = 0  # wire bytes of pieces that came back well within the timer (<0: one did not)
 
     def allowance(self, pending: int = 0) -> int | None:
         """Bytes that may be handed to the kernel now, of ``pending`` waiting: None once the ramp is over
@@ -150,14 +152,13 @@ class SegmentRamp:
                 self._rate = (self._piece + HEADERS) / max(took, 1e-3)
                 self._last = self._piece
             if took <= SHARE * st.rto:
-                self._quick += self._piece  # back well within the timer (a burst, or a fast link)
-                self._quick_pieces += 1
+                self._quick += self._piece + HEADERS  # back well within the timer (a burst, or a fast link)
             else:
-                self._quick, self._quick_pieces = -(1 << 30), -(1 << 30)  # a slow round trip: a thin link
+                self._quick = -(1 << 30)  # a slow round trip: a thin link
             log.debug("ramp: piece of %d bytes back after %.3fs (TCP's timer %.2fs)", self._piece, took, st.rto)
             self._piece = 0
-        if self._quick >= QUICK_BYTES or self._quick_pieces >= QUICK_PIECES:
-            self.done = True  # more than any burst came back quickly: a fast link
+        if self._quick >= QUICK_BYTES:
+            self.done = True  # more than a burst lends came back quickly: a fast link
             log.debug("ramp over after %d pieces, all back quickly (a fast link)", self.pieces)
             return None
         if self._quick >= 0:  # nothing slow yet: a burst, or a fast link not yet told apart from one

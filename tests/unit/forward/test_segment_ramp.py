@@ -10,7 +10,7 @@ import socket
 import pytest
 
 from gpu_exporter.mqtt.packet import PacketGuard
-from gpu_exporter.mqtt.ramp import FIRST, HEADERS, MIN_PIECE, QUICK_PIECE, QUICK_PIECES, SHARE, SegmentRamp, TcpState
+from gpu_exporter.mqtt.ramp import FIRST, HEADERS, MIN_PIECE, QUICK_BYTES, QUICK_PIECE, SHARE, SegmentRamp, TcpState
 
 
 class ScriptedTcp:
@@ -84,12 +84,39 @@ def test_a_young_connection_hands_the_kernel_one_piece_at_a_time_within_tcps_tim
     assert tcp.written == [FIRST, 2 * FIRST, MIN_PIECE, 78, 1448, 1448, 3000]
 
 
-def test_a_fast_link_leaves_the_ramp_within_a_few_round_trips() -> None:
+def test_a_fast_link_leaves_the_ramp_once_more_came_back_quickly_than_a_burst_lends() -> None:
     tcp = ScriptedTcp()
     guard = guarded(tcp)
     while guard.send(b"x" * 100_000) < 100_000:
         tcp.ack(after=0.002)  # every piece back at once: loopback, a LAN, a fast WAN
-    assert tcp.written == [FIRST] + [QUICK_PIECE] * (QUICK_PIECES - 1) + [100_000]  # then whole: ramp over
+    quick = -(-(QUICK_BYTES - FIRST - HEADERS) // (QUICK_PIECE + HEADERS))  # 13 pieces of 256 after the first
+    assert tcp.written == [FIRST] + [QUICK_PIECE] * quick + [100_000]  # then whole: ramp over
+    assert FIRST + HEADERS + quick * (QUICK_PIECE + HEADERS) >= QUICK_BYTES > 1600
+
+
+def test_a_token_bucket_that_lends_six_quick_pieces_does_not_end_the_ramp() -> None:
+    """A 150 B/s link behind a bucket of 1,600 bytes, and the packets of a CI run's first seconds: a
+    45-byte packet, then two raw batches of 810 and 809 bytes. Their first six pieces (45, 256, 256, 256,
+    41, 256: 1.5 kB on the wire) came back at once; taken for a fast link, the ramp ended there, and the
+    next 2.5 kB summary went to the kernel whole: TCP, its timer still near 0.2 s, resent it again and
+    again, no PUBACK came within a minute, and the agent reconnected. The ramp lasts; the first piece
+    the bucket no longer covers is slow, and the connection stays in pieces TCP's timer covers."""
+    tcp = ScriptedTcp()
+    guard = guarded(tcp)
+    lent = 1600  # bytes the bucket lets through at once
+    sizes: list[int] = []
+    for packet in (b"x" * 45, b"x" * 810, b"x" * 809):
+        rest = len(packet)
+        while rest:
+            sent = guard.send(packet[len(packet) - rest :])
+            sizes.append(sent)
+            rest -= sent
+            lent -= sent + HEADERS
+            tcp.ack(after=0.002 if lent >= 0 else (sent + HEADERS) / 150)
+    assert sizes[:6] == [45, 256, 256, 256, 42, 256]  # six quick pieces: what ended the ramp before
+    assert guard.ramp is not None and not guard.ramp.done and not guard.ramp.quick()  # a slow one since: thin
+    tcp.rto = 3.0  # the slow round trips grew TCP's timer
+    assert guard.send(b"x" * 2500) < 2500  # the summary in pieces within 0.8 of the timer, not whole
 
 
 def test_without_tcp_state_nothing_is_held_back() -> None:
