@@ -53,6 +53,7 @@ def run_rate(
     out: dict[float, str],
     extra: tuple[str, ...] = (),
     trace: bool = False,
+    burst: int = 0,
 ) -> None:
     name = f"b{os.getpid() % 1000}r{rate:.0f}"
     tracers: list[_Tracer] = []
@@ -63,6 +64,7 @@ def run_rate(
         work / name,
         tsdb,
         agent_extra=extra,
+        burst=burst,
         on_link=(lambda link: tracers.append(_Tracer(link, work / name))) if trace else None,
     )
     rows: list[tuple[float, float, float]] = []  # (seconds since start, lag_all, lag_any)
@@ -206,6 +208,9 @@ def main() -> int:
         "--trace", action="store_true", help="with --keep: every uplink packet and TCP's state, for a timeline"
     )
     parser.add_argument("--agent-arg", action="append", default=[], help="one more exporter option (repeatable)")
+    parser.add_argument(
+        "--burst", type=int, default=0, help="bytes the token bucket lends at once (default: one full frame, 1600)"
+    )
     args = parser.parse_args()
 
     def stop(*_: object) -> None:  # a stop runs the clean-up: processes, namespaces (each rate's own thread too)
@@ -235,7 +240,8 @@ def main() -> int:
             if args.parallel:
                 threads = [
                     threading.Thread(
-                        target=run_rate, args=(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
+                        target=run_rate,
+                        args=(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace, args.burst),
                     )
                     for r in rates
                 ]
@@ -250,7 +256,7 @@ def main() -> int:
                         t.join(120)
             else:
                 for r in rates:
-                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace)
+                    run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace, args.burst)
                     print(out[r], flush=True)
         finally:
             tsdb.stop()

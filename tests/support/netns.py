@@ -83,12 +83,13 @@ def _free_pair(seed: int) -> tuple[ipaddress.IPv4Network, ipaddress.IPv4Network]
 class ShapedLink:
     """An edge namespace behind a shaped veth; see the module doc."""
 
-    def __init__(self, name: str, rate: float, down_rate: float | None = None) -> None:
+    def __init__(self, name: str, rate: float, down_rate: float | None = None, burst: int = 0) -> None:
         if not name.startswith(PREFIX) or len(name) > 40:
             raise ValueError(f"namespace names start with {PREFIX} (this worktree's prefix) and stay short")
         self.name = name
         self.rate = rate  # bytes per second, edge to cloud
         self.down_rate = down_rate or rate  # cloud to edge
+        self.burst = burst or BURST  # bytes the bucket lends at once, each way
         tag = f"{zlib.crc32(name.encode()) & 0xFFFFFF:06x}"
         self._host_wan, self._edge_wan = f"lw{tag}h", f"lw{tag}e"  # interface names: 15 bytes at most
         self._host_mgmt, self._edge_mgmt = f"lm{tag}h", f"lm{tag}e"
@@ -132,7 +133,7 @@ class ShapedLink:
         self.rate, self.down_rate = rate, down_rate or rate
         for ns, dev, r in ((self.name, self._edge_wan, self.rate), (None, self._host_wan, self.down_rate)):
             bits = max(8, round(r * 8))
-            cmd = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit", "burst", str(BURST)]
+            cmd = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit", "burst", str(self.burst)]
             cmd += ["limit", str(QUEUE)]
             if ns is not None:
                 cmd = ["ip", "netns", "exec", ns, *cmd]

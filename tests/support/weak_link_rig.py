@@ -181,6 +181,7 @@ class Rig:
     agent_extra: tuple[str, ...] = ()
     broker_extra: str = ""
     on_link: Callable[[ShapedLink], None] | None = None  # called once the link is up, before anything uses it
+    burst: int = 0  # bytes the link's token bucket lends at once (0: netns.BURST, one full frame)
     link: ShapedLink | None = None
     broker: CloudBroker | None = None
     bridge: subprocess.Popen[bytes] | None = None
@@ -194,7 +195,7 @@ class Rig:
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.node = f"edge-{self.name}"
         try:
-            self.link = ShapedLink(f"{PREFIX}{self.name}", self.rate).open()
+            self.link = ShapedLink(f"{PREFIX}{self.name}", self.rate, burst=self.burst).open()
             if self.on_link is not None:
                 self.on_link(self.link)
             self.broker = CloudBroker(self.workdir / "mqtt", self.link.cloud_ip, self.broker_extra)
