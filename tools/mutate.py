@@ -972,16 +972,16 @@ MUTANTS += (
         ),
         Mutant(
             "reload-baseline-at-watch-start",
-            "src/gpu_exporter/reload.py",
-            "        watched = since if since is not None else Watched(self._paths())\n",
-            "        watched = Watched(self._paths())\n",
-            ("tests/unit/config/test_reload_watch.py",),
+            "src/gpu_exporter/cli.py",
+            "    reloader.watch(watched)\n",
+            "    reloader.watch(Watched((config.config_file, config.web_config_file)))\n",
+            ("tests/unit/config/test_reload_watch.py::test_the_agent_reloads_a_config_file_changed_while_it_starts",),
             "the agent's watch takes its baseline when it starts: a config file changed while it started is never reloaded",
         ),
         Mutant(
             "reload-baseline-after-reading",
-            "src/gpu_exporter/reload.py",
-            "        self._last = now\n        return first\n",
+            "src/gpu_exporter/filewatch.py",
+            "        self._last = stamps\n        return first\n",
             "        return first\n",
             ("tests/unit/config/test_reload_watch.py",),
             "a change is reported again at every look (the baseline never moves): a reload every 2 s for good",
@@ -989,18 +989,19 @@ MUTANTS += (
         Mutant(
             "bridge-web-baseline-after-start",
             "src/gpu_exporter/bridge/cli.py",
-            "    watched = Watched((web_path,))  # before the read: a change while the bridge starts is seen\n"
+            "    watched = Watched((web_path,), every=2.0)  # before the read: a change while the bridge starts is seen\n"
             "    try:\n        web = load_web_config(web_path)\n",
-            "    try:\n        web = load_web_config(web_path)\n        watched = Watched((web_path,))\n",
+            "    try:\n        web = load_web_config(web_path)\n        watched = Watched((web_path,), every=2.0)\n",
             ("tests/unit/config/test_reload_watch.py::test_the_bridge_serves_a_web_config_changed_while_it_starts",),
             "the bridge stamps its web config file after reading it: a change in between is never served",
         ),
         Mutant(
             "tls-baseline-after-build",
             "src/gpu_exporter/web/tls.py",
-            "        self._stamp = files.stamp()  # before the read: a certificate renewed meanwhile is seen at the next look\n"
+            "        self._watched = Watched((files.cert_file, files.key_file, files.client_ca_file), every=1.0)\n"
             "        self._ctx = files.build()\n",
-            "        self._ctx = files.build()\n        self._stamp = files.stamp()\n",
+            "        self._ctx = files.build()\n"
+            "        self._watched = Watched((files.cert_file, files.key_file, files.client_ca_file), every=1.0)\n",
             (
                 "tests/unit/web/test_web_tls.py::test_a_certificate_renewed_while_the_server_reads_it_is_served_at_the_next_look",
             ),

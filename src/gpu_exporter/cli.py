@@ -108,7 +108,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     from gpu_exporter import selfmetrics
     from gpu_exporter.backends import base
     from gpu_exporter.exposition import AgentCollector, Exposition, MetricsServer
-    from gpu_exporter.reload import Reloader, Watched
+    from gpu_exporter.filewatch import Watched
+    from gpu_exporter.reload import Reloader
     from gpu_exporter.ring import RingBuffer
     from gpu_exporter.sampler import Sampler
     from gpu_exporter.web.server import ServerCollector

@@ -11,15 +11,15 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import os
 import threading
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from gpu_exporter import config as cfg
+from gpu_exporter.filewatch import Watched
 from gpu_exporter.mqtt.settings import LINK_LIVE
 
-__all__ = ["LIVE", "Reloader", "Watched", "stamp"]
+__all__ = ["LIVE", "Reloader"]
 
 log = logging.getLogger("gpu_exporter.reload")
 
@@ -104,10 +104,9 @@ class Reloader:
             return True
 
     # --- watching --config.file and --web.config.file ---
-    def watch(self, since: Watched | None = None, interval: float = 2.0) -> None:
-        """Re-read the configuration each time one of its files changes, as from ``since`` (the files as
-        they stood before the daemon read them: a change made while it started is seen too)."""
-        watched = since if since is not None else Watched(self._paths())
+    def watch(self, watched: Watched, interval: float = 2.0) -> None:
+        """Re-read the configuration each time one of its files changes, from ``watched`` (the files as they
+        stood before the daemon read them: a change made while it started is seen too)."""
         self._thread = threading.Thread(target=self._watch, args=(watched, interval), name="config-watch", daemon=True)
         self._thread.start()
 
@@ -131,35 +130,3 @@ def _shown(value: Any) -> str:
     if isinstance(value, frozenset):
         return ",".join(sorted(value)) or "(none)"
     return repr(value)
-
-
-def stamp(path: str) -> tuple[int, int, int]:
-    try:
-        st = os.stat(path)
-    except OSError:
-        return (0, 0, 0)
-    return (st.st_mtime_ns, st.st_size, st.st_ino)
-
-
-class Watched:
-    """Files a daemon re-reads when they change, compared with how they stood before it last read them.
-
-    Take one before the first read (``Watched(paths)``) and ``changed`` after: a file written meanwhile,
-    even while the daemon was still starting, counts as changed. ``changed`` moves the baseline to what it
-    saw before the caller reads again, so a write during that read is seen at the next look too."""
-
-    def __init__(self, paths: Iterable[str] = ()) -> None:
-        self._last = {p: stamp(p) for p in paths if p}
-
-    def add(self, path: str) -> None:
-        """One more file, as it stands now (before its first read)."""
-        if path and path not in self._last:
-            self._last[path] = stamp(path)
-
-    def changed(self, paths: Iterable[str] | None = None) -> str | None:
-        """The first of ``paths`` (default: those watched) that changed since the last look, or None. A path
-        not seen before is taken as it stands now."""
-        now = {p: stamp(p) for p in (self._last if paths is None else paths) if p}
-        first = next((p for p, s in now.items() if p in self._last and s != self._last[p]), None)
-        self._last = now
-        return first

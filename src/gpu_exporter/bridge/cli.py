@@ -13,7 +13,6 @@ import os
 import socket
 import sys
 import threading
-import time
 from collections.abc import Callable, Sequence
 from dataclasses import fields
 from typing import TYPE_CHECKING
@@ -183,10 +182,10 @@ def run(
     except (ValueError, OSError) as exc:
         return _fail(str(exc).splitlines()[0] if str(exc) else type(exc).__name__, 2)
     config = config or cfg.Config()
-    from gpu_exporter.reload import Watched
+    from gpu_exporter.filewatch import Watched
 
     web_path = config.web_config_file
-    watched = Watched((web_path,))  # before the read: a change while the bridge starts is seen
+    watched = Watched((web_path,), every=2.0)  # before the read: a change while the bridge starts is seen
     try:
         web = load_web_config(web_path)
         server = _server(listen, registry, web, config)
@@ -203,17 +202,8 @@ def run(
     )
     server.start()
     bridge.start()
-    checked = time.monotonic()
-
-    def web_changed() -> bool:  # the web config file is watched too, every 2 s
-        nonlocal checked
-        if not web_path or time.monotonic() - checked < 2.0:
-            return False
-        checked = time.monotonic()
-        return watched.changed() is not None
-
     try:
-        signals.run(lambda: _reload_web(server, web_path), web_changed)
+        signals.run(lambda: _reload_web(server, web_path), lambda: watched.changed() is not None)
     finally:
         log.info("stopping")
         bridge.stop(timeout=10.0)

@@ -29,10 +29,11 @@ import os
 import ssl
 import tempfile
 import threading
-import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
+
+from gpu_exporter.filewatch import Watched
 
 __all__ = ["TlsFiles", "TlsState", "parse_tls", "peer_sans"]
 
@@ -172,16 +173,6 @@ class TlsFiles:
             except (OSError, ssl.SSLError) as exc:
                 raise ValueError(f"cannot load the server certificate and key: {_why(exc)}") from None
 
-    def stamp(self) -> tuple[tuple[int, int], ...]:
-        out = []
-        for path in (self.cert_file, self.key_file, self.client_ca_file):
-            try:
-                st = os.stat(path) if path else None
-            except OSError:
-                st = None
-            out.append((st.st_mtime_ns, st.st_size) if st is not None else (0, 0))
-        return tuple(out)
-
     def allows(self, cert: Mapping[str, Any] | None) -> bool:
         """Whether a verified peer certificate passes ``client_allowed_sans`` (always, without the list)."""
         if not self.allowed_sans or not cert:
@@ -207,23 +198,17 @@ class TlsState:
 
     def __init__(self, files: TlsFiles) -> None:
         self.files = files
-        self._stamp = files.stamp()  # before the read: a certificate renewed meanwhile is seen at the next look
+        # before the read: a certificate renewed meanwhile is seen at the next look (at most once a second)
+        self._watched = Watched((files.cert_file, files.key_file, files.client_ca_file), every=1.0)
         self._ctx = files.build()
-        self._checked = time.monotonic()
         self._lock = threading.Lock()
         self.reloads = 0
         self.reload_failures = 0
 
     def context(self) -> ssl.SSLContext:
-        now = time.monotonic()
         with self._lock:
-            if now - self._checked < 1.0:
+            if self._watched.changed() is None:
                 return self._ctx
-            self._checked = now
-            stamp = self.files.stamp()
-            if stamp == self._stamp:
-                return self._ctx
-            self._stamp = stamp
             try:
                 self._ctx = self.files.build()
             except ValueError as exc:

@@ -4,14 +4,16 @@ daemon is still starting (between reading a file and starting its watch) or whil
 from __future__ import annotations
 
 import gc
+import logging
 import threading
 from pathlib import Path
 
 import pytest
 
+from gpu_exporter import cli as agent_cli
 from gpu_exporter import config as cfg
 from gpu_exporter.bridge import cli as bridge_cli
-from gpu_exporter.reload import Reloader, Watched
+from gpu_exporter.filewatch import Watched
 from gpu_exporter.web import webconfig
 from tests.support import free_port, http_get, wait_until
 
@@ -37,22 +39,39 @@ def test_a_change_after_the_baseline_is_seen_once_and_a_change_during_a_reload_i
     assert watched.changed((str(f), str(other))) is None  # a file newly watched: taken as it stands
 
 
-def test_the_agent_reloads_a_config_file_changed_before_its_watch_started(tmp_path: Path) -> None:
+def test_the_agent_reloads_a_config_file_changed_while_it_starts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The exporter run in-process (simulated GPUs); its config file changes right after it read its web
+    config file, long before its watch starts: the change is reloaded."""
+    port = free_port()
+    web = tmp_path / "web.yml"
+    _web_config(web, "one")
     conf = tmp_path / "config.yaml"
-    conf.write_text("gpu-vendor: fake\ngpu-metrics-collection-interval: 1s\n")
+    base = f"gpu-vendor: fake\nfake.gpus: 1\nweb.listen-address: 127.0.0.1:{port}\nweb.config.file: {web}\n"
+    conf.write_text(base + "gpu-metrics-collection-interval: 1s\n")
     args = {"config.file": str(conf)}
-    since = Watched((str(conf),))  # as the exporter takes it: before it reads the file
     config = cfg.load(args, environ={})
-    conf.write_text("gpu-vendor: fake\ngpu-metrics-collection-interval: 2s\n")  # while the exporter starts up
-    applied: list[float] = []
-    reloader = Reloader(args, config, [lambda old, new: applied.append(new.interval)], environ={})
-    reloader.watch(since, interval=0.05)
+    real = webconfig.load_web_config
+
+    def read_then_changed(path: str) -> webconfig.WebConfig:
+        loaded = real(path)
+        conf.write_text(base + "gpu-metrics-collection-interval: 2s\n")  # while the exporter starts up
+        return loaded
+
+    monkeypatch.setattr(webconfig, "load_web_config", read_then_changed)  # the exporter's reads from here on
+    caplog.set_level(logging.INFO, logger="gpu_exporter.reload")
+    stop = threading.Event()
+    daemon = threading.Thread(target=agent_cli.run, args=(config, stop, args))
+    daemon.start()
     try:
-        assert wait_until(lambda: applied, 5), "a change made while the exporter started was never reloaded"
+        reloaded = wait_until(lambda: "reloaded the configuration" in caplog.text, 10)
     finally:
-        reloader.stop()
-    assert applied == [2.0]
-    assert reloader.current.interval == 2.0
+        stop.set()
+        daemon.join(20)
+    assert reloaded, "a change made while the exporter started was never reloaded"
+    assert "gpu-metrics-collection-interval" in caplog.text  # the option that changed, named
+    assert not daemon.is_alive()
 
 
 def test_the_bridge_serves_a_web_config_changed_while_it_starts(
