@@ -62,13 +62,10 @@ def amd(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
 
 def jetpack7(board: str, nvml_board: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     """A JetPack 7 board's tree with its NVML beside it, through --gpu-vendor=auto."""
-    scenario = nvml_lib.Scenario(gpus=1, processes_per_gpu=2)
     try:
-        nvml_lib.build(tmp_path / "lib")
+        env = child_env(**nvml_lib.board_environment(tmp_path / "lib", nvml_board))
     except RuntimeError as exc:
         pytest.skip(str(exc))
-    env = child_env(**scenario.environment(nvml_lib.device_nodes(tmp_path / "dev", scenario.gpus)))
-    env.update(LD_LIBRARY_PATH=str(tmp_path / "lib"), FAKE_NVML_BOARD=nvml_board)
     tree = FIXTURES / "jetson" / board
     return ["--gpu-vendor=auto", f"--path.sysfs={tree / 'sys'}", f"--path.procfs={tree / 'proc'}"], env
 

@@ -291,23 +291,25 @@ class JetsonBackend:
             if self._thor is not None:
                 self._info.update(self._thor.info)
             self._last_up = True
-        unread = self._unread(gpu, why_not)
+        missing = self._thor.unsupported() if self._thor is not None else ["utilization", "processes"]
+        unread = self._unread(gpu, missing, why_not)
+        nvml_load = gpu.stack == "nvidia" and "utilization" not in missing
         log.log(
             logging.WARNING if unread else logging.INFO,
             "Jetson GPU %s at %s: load %s, thermal zone %s, rails %s%s",
             gpu.chip,
             gpu.devfreq,
-            "yes" if gpu.load else f"from NVML ({self._thor.name})" if self._thor else "not found",
+            "yes" if gpu.load else f"from NVML ({self._thor.name})" if self._thor and nvml_load else "not found",
             self._thermal.name if self._thermal else "not found",
             ", ".join(r.name for r in self._rails) or "not found",
             f"; could not read: {'; '.join(unread)}" if unread else "",
         )
 
-    def _unread(self, gpu: GpuNode, why_not: str) -> list[str]:
-        """What this board does not give, each with why, for the one start-up line."""
+    def _unread(self, gpu: GpuNode, missing: list[str], why_not: str) -> list[str]:
+        """What this board does not give, each with why, for the one start-up line (``missing``: what
+        Thor's NVML does not answer, or all of it when NVML is not there)."""
         unread = []
-        if gpu.stack == "nvidia":  # Thor: what NVML does not answer, or all of it when NVML is not there
-            missing = self._thor.unsupported() if self._thor is not None else ["utilization", "processes"]
+        if gpu.stack == "nvidia":
             names = [n for n in missing if n != "utilization" or gpu.load is None]
             names = [n if n != "processes" else "processes, the GPU's memory in use" for n in names]
             if names:
