@@ -1,14 +1,15 @@
 """NVIDIA Jetson (Nano, TX2, Xavier, Orin, Thor) through sysfs and procfs, and on Thor NVML: no tegrastats.
 
 The integrated GPU is found by its devfreq node (``class/devfreq/*`` whose ``device/of_node/name`` is a
-known GPU, or whose name ends in ``.gpu``; on Thor ``gpu-gpc-0``), which also gives the clock and governor. Container runtimes
-mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable: then the SoC's own sysfs
-entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``. The load (0-1000)
-sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
-``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4). The GPU shares
-system RAM: its memory is what the GPU driver has mapped (``jetson_procs``), next to the shared RAM in
-use from ``/proc/meminfo``; its processes are those that hold the GPU's device nodes open. Every path is under ``--path.sysfs`` and
-``--path.procfs``, so the same code reads a fixture tree in tests.
+known GPU, or whose name ends in ``.gpu``; on Thor ``gpu-gpc-0``), which also gives the clock and
+governor. Container runtimes mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable:
+then the SoC's own sysfs entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``.
+The load (0-1000) sits in the GPU device's folder. Temperatures come from the thermal zone whose type
+starts with ``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4) and
+Thor's INA238. The GPU shares system RAM: its memory is what the GPU driver has mapped (``jetson_procs``),
+next to the shared RAM in use from ``/proc/meminfo``; its processes are those that hold the GPU's device
+nodes open. Every path is under ``--path.sysfs`` and ``--path.procfs``, so the same code reads a fixture
+tree in tests.
 
 A file that is missing, unreadable or holds garbage makes that one value absent and counts an error
 under the name of what was read (``load``, ``rail``...): a broken tree never fails the cycle.
