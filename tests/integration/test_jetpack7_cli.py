@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes import nvml_lib
-from tests.support import FIXTURES, Exporter, child_env, exporter_cmd, promtool_check
+from tests.support import FIXTURES, Exporter, child_env, exporter_cmd, promtool_check, wait_for
 
 pytestmark = pytest.mark.integration
 
@@ -77,4 +77,26 @@ def test_a_discrete_card_in_a_jetson_is_the_nvidia_backends_beside_the_jetson_gp
     assert 'name="NVIDIA Jetson AGX Orin Developer Kit (ga10b)"' in page
     assert 'gpu_exporter_backend_healthy{backend="nvidia"} 1.0' in page
     assert 'gpu_exporter_backend_healthy{backend="jetson"} 1.0' in page
+    promtool_check(page)
+
+
+def test_thors_gpu_processes_from_nvml_name_their_pods(tmp_path: Path, exporter: type[Exporter]) -> None:
+    """KubeEdge on Thor: no pod-resources socket; NVML's process 4000 is a pod's by its cgroup, 4001 the host's."""
+    proc = exporter(
+        "--gpu-vendor=auto",
+        *paths(THOR),
+        "--k8s.pod-attribution=true",
+        f"--k8s.pod-logs-path={THOR / 'var/log/pods'}",
+        f"--k8s.kubelet-socket={tmp_path / 'no-kubelet.sock'}",
+        "--gpu-metrics-collection-interval=200ms",
+        env=node_env(tmp_path, "thor"),
+    ).start()
+    assert wait_for(lambda: "gpu_pod_info{" in proc.scrape(), timeout=10), proc.output()
+    page = proc.scrape()
+    assert proc.stop() == 0
+    pods = [line for line in page.splitlines() if line.startswith("gpu_pod_")]
+    [info] = [line for line in pods if line.startswith("gpu_pod_info{")]
+    assert 'namespace="robotics"' in info and 'pod="planner-0"' in info and 'container="planner"' in info
+    [memory] = [line for line in pods if line.startswith("gpu_pod_memory_used_bytes{")]
+    assert memory.endswith(" 2147483648"), memory  # 2 GiB: NVML lists it twice (compute, graphics), counted once
     promtool_check(page)
