@@ -363,10 +363,11 @@ class JetsonBackend:
                 if enabled(group):
                     simple.read(SIMPLE_READS[group], lambda row: self._file(folders, row), values, self.errors)
             thor = self._thor
-            if thor is not None and gpu.load is None and enabled("utilization"):
-                utilization = thor.utilization()
+            if thor is not None and enabled("utilization"):
+                utilization = thor.utilization() if gpu.load is None else None
                 if utilization is not None:
                     values[("utilization", ())] = utilization
+                values.update(((key, ()), ratio) for key, ratio in thor.codecs().items())
             if enabled("clocks"):
                 self._read_governor(gpu, values)
             if enabled("power"):

@@ -3,7 +3,8 @@
 Thor's GPU runs on the ``nvidia.ko`` stack, not nvgpu: sysfs has its clock (devfreq ``gpu-gpc-0``) but no
 ``load`` file, processes open ``/dev/nvidia*`` rather than the nvgpu device nodes, and there is neither
 ``NvMapMemUsed`` nor nvmap's per-process table. Its NVML answers the utilization and the compute and
-graphics process lists with each process's memory, and NOT_SUPPORTED for memory, clocks, power and
+graphics process lists with each process's memory, the use of its video engines (part of the GPU there,
+unlike Orin's, which are engines of their own), and NOT_SUPPORTED for memory, clocks, power and
 temperature, which the Jetson backend takes from sysfs. The GPU's memory in use is therefore the sum of
 its processes' memory (unified memory: the total is the system's RAM).
 
@@ -30,6 +31,10 @@ __all__ = ["ThorNvml"]
 log = logging.getLogger("gpu_exporter.backends.jetson")
 
 _LISTS = ("nvmlDeviceGetComputeRunningProcesses", "nvmlDeviceGetGraphicsRunningProcesses")
+_CODECS = (
+    ("encoder_utilization", "nvmlDeviceGetEncoderUtilization"),
+    ("decoder_utilization", "nvmlDeviceGetDecoderUtilization"),
+)
 
 
 class ThorNvml:
@@ -121,6 +126,15 @@ class ThorNvml:
         rates = self._call("nvmlDeviceGetUtilizationRates")
         gpu = getattr(rates, "gpu", None)
         return gpu / 100 if isinstance(gpu, int) and 0 <= gpu <= 100 else None
+
+    def codecs(self) -> dict[str, float]:
+        """The video encoder's and decoder's utilization, 0-1, by catalog key (those that answer)."""
+        out = {}
+        for key, name in _CODECS:
+            answer = self._call(name)  # [percent, sampling period in µs]
+            if answer is not None and isinstance(answer[0], int) and 0 <= answer[0] <= 100:
+                out[key] = answer[0] / 100
+        return out
 
     def processes(self) -> tuple[ProcessUsage, ...] | None:
         """The compute and graphics processes, once each (a process in both with its larger memory), or
