@@ -1,4 +1,4 @@
-"""What NVML answers for Jetson Thor's GPU: its utilization, its video engines' and its processes (JetPack 7).
+"""What NVML answers for Jetson Thor's GPU: its utilization, the use of its video engines, its processes (JetPack 7).
 
 Thor's GPU runs on the ``nvidia.ko`` stack, not nvgpu: sysfs has its clock (devfreq ``gpu-gpc-0``) but no
 ``load`` file, processes open ``/dev/nvidia*`` rather than the nvgpu device nodes, and there is neither
