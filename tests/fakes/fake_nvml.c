@@ -27,6 +27,12 @@
  *   FAKE_NVML_XIDS       gpu:xid,...: XID events, delivered in order by nvmlEventSetWait_v2
  *   FAKE_NVML_LOG        file: one line per call, "symbol gpu tid start_ns end_ns return" (gpu -1: none;
  *                        times on CLOCK_MONOTONIC; tid the kernel's thread id)
+ *   FAKE_NVML_BOARD      "" (default: data-centre GPUs, as above), or a Jetson's integrated GPU as its
+ *                        NVML answers (board_presets below): "thor" (Jetson Thor, JetPack 7: the
+ *                        nvidia.ko stack; name, PCI, utilization, codec use and the compute and
+ *                        graphics process lists answer, memory, clocks, power, temperature and the rest
+ *                        NOT_SUPPORTED) or "orin" (Orin on the L4T NVML: only the name and identity
+ *                        answer, every reading NOT_SUPPORTED, processes included)
  *
  * Build: cc -shared -fPIC -ffp-contract=off -o libnvidia-ml.so.1 fake_nvml.c -lm
  * (no fused multiply-add, so that the arithmetic is Python's, operation by operation)
@@ -58,7 +64,7 @@
 
 #define MAX_GPUS 64
 #define MAX_MIG 7
-#define MAX_RULES 64
+#define MAX_RULES 96 /* a board preset takes up to 30 of them */
 #define MAX_POLICIES 8
 #define NAME_LEN 64
 #define EVENT_SETS 8
@@ -123,6 +129,8 @@ static int throttled[MAX_POLICIES];
 static int seed, processes_per_gpu;
 static unsigned int mig_count;
 static int log_fd = -1;
+enum { BOARD_DATACENTRE, BOARD_THOR, BOARD_ORIN };
+static int board;
 
 static fake_device gpus[MAX_GPUS];
 static fake_device migs[MAX_MIG];
@@ -188,6 +196,30 @@ static void add_xid(const char *key, const char *value) {
     xids[n_xids++].xid = strtoull(colon + 1, NULL, 10);
 }
 
+/* What a Jetson's NVML answers NOT_SUPPORTED (code 3), from what monitoring tools report: on Thor
+ * (JetPack 7, nvidia.ko) nvidia-smi and pynvml give the name, utilization, codec use and the process
+ * lists, and N/A for memory, clocks, power and temperature; on Orin (L4T NVML over nvgpu) NVML names the
+ * GPU "Orin (nvgpu)" and supports none of the readings. docs/vendors.md cites the sources. */
+static const char THOR_UNSUPPORTED[] =
+    "nvmlDeviceGetMemoryInfo=3,nvmlDeviceGetMemoryInfo_v2=3,nvmlDeviceGetTemperature=3,"
+    "nvmlDeviceGetPowerUsage=3,nvmlDeviceGetEnforcedPowerLimit=3,nvmlDeviceGetTotalEnergyConsumption=3,"
+    "nvmlDeviceGetClockInfo=3,nvmlDeviceGetMaxClockInfo=3,nvmlDeviceGetPerformanceState=3,"
+    "nvmlDeviceGetCurrentClocksEventReasons=3,nvmlDeviceGetViolationStatus=3,nvmlDeviceGetPcieThroughput=3,"
+    "nvmlDeviceGetPcieReplayCounter=3,nvmlDeviceGetCurrPcieLinkGeneration=3,nvmlDeviceGetCurrPcieLinkWidth=3,"
+    "nvmlDeviceGetTotalEccErrors=3,nvmlDeviceGetRemappedRows=3,nvmlDeviceGetFieldValues=3,"
+    "nvmlDeviceGetMigMode=3,nvmlGpmQueryDeviceSupport=3,nvmlDeviceGetProcessUtilization=3,nvmlDeviceGetSerial=3";
+static const char ORIN_UNSUPPORTED[] =
+    "nvmlDeviceGetUtilizationRates=3,nvmlDeviceGetEncoderUtilization=3,nvmlDeviceGetDecoderUtilization=3,"
+    "nvmlDeviceGetComputeRunningProcesses_v3=3,nvmlDeviceGetComputeRunningProcesses_v2=3,"
+    "nvmlDeviceGetGraphicsRunningProcesses_v3=3,nvmlDeviceGetPciInfo_v3=3";
+
+static void read_board(void) {
+    const char *name = env("FAKE_NVML_BOARD", "");
+    board = strcmp(name, "thor") == 0 ? BOARD_THOR : strcmp(name, "orin") == 0 ? BOARD_ORIN : BOARD_DATACENTRE;
+    if (board != BOARD_DATACENTRE) each_item(THOR_UNSUPPORTED, add_fail);
+    if (board == BOARD_ORIN) each_item(ORIN_UNSUPPORTED, add_fail);
+}
+
 static void read_scenario(void) {
     n_costs = n_fails = n_missing = n_xids = next_xid = 0;
     memset(lost, 0, sizeof lost);
@@ -200,6 +232,7 @@ static void read_scenario(void) {
     each_item(env("FAKE_NVML_THROTTLE", "0=0.05,1=0.01"), add_throttle);
     each_item(env("FAKE_NVML_COST_MS", ""), add_cost);
     each_item(env("FAKE_NVML_FAIL", ""), add_fail);
+    read_board(); /* after the scenario's own rules, which win where both name a call */
     each_item(env("FAKE_NVML_MISSING", ""), add_missing);
     each_item(env("FAKE_NVML_LOST", ""), add_lost);
     each_item(env("FAKE_NVML_XIDS", ""), add_xid);
@@ -355,14 +388,15 @@ int nvmlSystemGetDriverVersion(char *version, unsigned int length) {
     call c;
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     int ret = begin(&c, "nvmlSystemGetDriverVersion", -1);
-    return finish(&c, ret ? ret : copy_text(version, length, "550.54.15"));
+    const char *text = board == BOARD_THOR ? "580.00" : board == BOARD_ORIN ? "595.78" : "550.54.15";
+    return finish(&c, ret ? ret : copy_text(version, length, text));
 }
 
 int nvmlSystemGetCudaDriverVersion(int *version) {
     call c;
     if (!initialised) return NVML_ERROR_UNINITIALIZED;
     int ret = begin(&c, "nvmlSystemGetCudaDriverVersion", -1);
-    if (ret == NVML_SUCCESS) *version = 12040;
+    if (ret == NVML_SUCCESS) *version = board == BOARD_THOR ? 13000 : board == BOARD_ORIN ? 13020 : 12040;
     return finish(&c, ret);
 }
 
@@ -403,6 +437,7 @@ int nvmlDeviceGetName(void *handle, char *name, unsigned int length) {
     fake_device *d;
     int ret = begin_on(&c, "nvmlDeviceGetName", handle, &d);
     if (ret) return finish(&c, ret);
+    if (board != BOARD_DATACENTRE) return finish(&c, copy_text(name, length, board == BOARD_THOR ? "NVIDIA Thor" : "Orin (nvgpu)"));
     return finish(&c, copy_text(name, length, d->mig >= 0 ? "NVIDIA H100 80GB HBM3 MIG 1g.10gb" : "NVIDIA H100 80GB HBM3"));
 }
 
@@ -422,7 +457,7 @@ int nvmlDeviceGetPciInfo_v3(void *handle, nvmlPciInfo_t *pci) {
     int ret = begin_on(&c, "nvmlDeviceGetPciInfo_v3", handle, &d);
     if (ret == NVML_SUCCESS) {
         memset(pci, 0, sizeof *pci);
-        pci->bus = 0x18 + d->index * 0x10;
+        pci->bus = board == BOARD_THOR ? 0x01 : 0x18 + d->index * 0x10; /* Thor's GPU: 0000:01:00.0 */
         snprintf(pci->busId, sizeof pci->busId, "00000000:%02X:00.0", pci->bus);
         snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "0000:%02X:00.0", pci->bus);
     }
@@ -740,13 +775,16 @@ int nvmlDeviceGetFieldValues(void *handle, int count, nvmlFieldValue_t *values) 
 
 /* -- processes -------------------------------------------------------------------------------- */
 
-static int running_processes(const char *name, void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
+/* graphics: the graphics list, which on Thor holds the first compute process again (a CUDA process
+ * that also draws is in both lists there); none elsewhere */
+static int running_processes(const char *name, void *handle, unsigned int *count, nvmlProcessInfo_t *infos, int graphics) {
     call c;
     fake_device *d;
     int ret = begin_on(&c, name, handle, &d);
     if (ret) return finish(&c, ret);
     unsigned int key = d->mig < 0 ? d->index : 1000 + d->index * 10 + (unsigned int)d->mig;
     unsigned int n = is_mig_parent(d) ? 0 : (unsigned int)processes_per_gpu;
+    if (graphics) n = board == BOARD_THOR && n > 0 ? 1 : 0;
     if (n == 0) {
         *count = 0;
         return finish(&c, NVML_SUCCESS);
@@ -765,11 +803,15 @@ static int running_processes(const char *name, void *handle, unsigned int *count
 }
 
 int nvmlDeviceGetComputeRunningProcesses_v3(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
-    return running_processes("nvmlDeviceGetComputeRunningProcesses_v3", handle, count, infos);
+    return running_processes("nvmlDeviceGetComputeRunningProcesses_v3", handle, count, infos, 0);
 }
 
 int nvmlDeviceGetComputeRunningProcesses_v2(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
-    return running_processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, count, infos);
+    return running_processes("nvmlDeviceGetComputeRunningProcesses_v2", handle, count, infos, 0);
+}
+
+int nvmlDeviceGetGraphicsRunningProcesses_v3(void *handle, unsigned int *count, nvmlProcessInfo_t *infos) {
+    return running_processes("nvmlDeviceGetGraphicsRunningProcesses_v3", handle, count, infos, 1);
 }
 
 int nvmlDeviceGetProcessUtilization(void *handle, nvmlProcessUtilizationSample_t *samples, unsigned int *count,

@@ -23,7 +23,7 @@ import pynvml
 
 from gpu_exporter.backends.fake.backend import SimNvml
 
-__all__ = ["LIBRARY", "Scenario", "build", "device_nodes", "run_real"]
+__all__ = ["LIBRARY", "Scenario", "board_environment", "build", "device_nodes", "run_real"]
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -64,6 +64,18 @@ def device_nodes(folder: Path, gpus: int) -> Path:
     for name in ("nvidiactl", *(f"nvidia{i}" for i in range(gpus))):
         (folder / name).touch()
     return folder
+
+
+def board_environment(folder: Path, board: str, gpus: int = 1, **extra: str) -> dict[str, str]:
+    """What a child process needs to load the C library as ``board``'s NVML ("thor", "orin": a Jetson's,
+    "" data-centre GPUs; ``FAKE_NVML_BOARD``), built into ``folder``: two processes per GPU, the clock
+    frozen, ``extra`` FAKE_NVML_* variables on top. Raises RuntimeError without a C compiler."""
+    if not (folder / LIBRARY).exists():
+        build(folder)
+    scenario = Scenario(gpus=gpus, processes_per_gpu=2)
+    env = scenario.environment(device_nodes(folder / f"dev{gpus}", gpus))
+    env.update(LD_LIBRARY_PATH=str(folder), FAKE_NVML_BOARD=board, **extra)
+    return env
 
 
 @dataclass(frozen=True)

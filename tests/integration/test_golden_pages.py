@@ -10,6 +10,11 @@ The vendors, each at its boundary only: NVIDIA is the real nvidia-ml-py over tes
 (compiled to libnvidia-ml.so.1, its clock frozen by FAKE_NVML_TIME); AMD is tests/fakes/fake_amdsmi.py as
 the ``amdsmi`` module; Jetson is the Orin JetPack 6 sysfs/procfs tree; ``fake`` is the simulator, whose
 readings follow the wall clock, so it runs with libfaketime holding that clock still.
+
+The JetPack 7 boards run as the DaemonSet runs them, ``--gpu-vendor=auto`` with the NVIDIA library there
+(fake_nvml.c answering as the board's NVML does, ``FAKE_NVML_BOARD``): on the Thor tree the Jetson backend
+reads sysfs and takes utilization and processes from NVML, on the Orin JetPack 7 tree sysfs alone; on
+both, NVML's view of the integrated GPU is no second, NVIDIA-backend GPU.
 """
 
 from __future__ import annotations
@@ -55,6 +60,16 @@ def amd(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     return ["--gpu-vendor=amd"], child_env(PYTHONPATH=os.pathsep.join([str(shim), str(SRC), str(ROOT)]))
 
 
+def jetpack7(board: str, nvml_board: str, tmp_path: Path) -> tuple[list[str], dict[str, str]]:
+    """A JetPack 7 board's tree with its NVML beside it, through --gpu-vendor=auto."""
+    try:
+        env = child_env(**nvml_lib.board_environment(tmp_path / "lib", nvml_board))
+    except RuntimeError as exc:
+        pytest.skip(str(exc))
+    tree = FIXTURES / "jetson" / board
+    return ["--gpu-vendor=auto", f"--path.sysfs={tree / 'sys'}", f"--path.procfs={tree / 'proc'}"], env
+
+
 def jetson(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     board = FIXTURES / "jetson" / "orin-jp6"
     return ["--gpu-vendor=jetson", f"--path.sysfs={board / 'sys'}", f"--path.procfs={board / 'proc'}"], child_env()
@@ -70,7 +85,14 @@ def fake(tmp_path: Path) -> tuple[list[str], dict[str, str]]:
     )
 
 
-VENDORS = {"nvidia": nvidia, "amd": amd, "jetson": jetson, "fake": fake}
+VENDORS = {
+    "nvidia": nvidia,
+    "amd": amd,
+    "jetson": jetson,
+    "fake": fake,
+    "jetson_thor": lambda tmp_path: jetpack7("thor", "thor", tmp_path),
+    "jetson_orin-jp7": lambda tmp_path: jetpack7("orin-jp7", "orin", tmp_path),
+}
 
 
 @pytest.mark.parametrize("vendor", sorted(VENDORS))

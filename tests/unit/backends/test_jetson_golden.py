@@ -17,7 +17,7 @@ from tests.fakes.fake_amdsmi import FakeAmdSmi, mi210, mi300x
 from tests.support import check_golden, paths, promtool_check
 
 FIXTURES = paths.FIXTURES
-BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")
+BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6", "orin-jp7")
 
 
 def jetson_page(board: str) -> str:

@@ -1,31 +1,40 @@
-"""NVIDIA Jetson (Nano, TX2, Xavier, Orin) through sysfs and procfs only: no NVML, no tegrastats.
+"""NVIDIA Jetson (Nano, TX2, Xavier, Orin, Thor) through sysfs and procfs, and on Thor NVML: no tegrastats.
 
 The integrated GPU is found by its devfreq node (``class/devfreq/*`` whose ``device/of_node/name`` is a
-known GPU, or whose name ends in ``.gpu``), which also gives the clock and governor. Container runtimes
-mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable: then the SoC's own sysfs
-entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``. The load (0-1000)
-sits in the GPU device's folder. Temperatures come from the thermal zone whose type starts with
-``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4). The GPU shares
-system RAM: its memory is what the GPU driver has mapped (``jetson_procs``), next to the shared RAM in
-use from ``/proc/meminfo``; its processes are those that hold the GPU's device nodes open. Every path is under ``--path.sysfs`` and
-``--path.procfs``, so the same code reads a fixture tree in tests.
+known GPU, or whose name ends in ``.gpu``; on Thor ``gpu-gpc-0``), which also gives the clock and
+governor. Container runtimes mask ``/sys/firmware``, so the device tree (``of_node``) may be unreadable:
+then the SoC's own sysfs entry (``devices/soc0/family`` is ``Tegra``) vouches for a node called ``*.gpu``.
+The load (0-1000) sits in the GPU device's folder. Temperatures come from the thermal zone whose type
+starts with ``GPU``, power from the INA3221 rail monitors (hwmon on JetPack 5+, IIO on JetPack 4) and
+Thor's INA238. The GPU shares system RAM: its memory is what the GPU driver has mapped (``jetson_procs``),
+next to the shared RAM in use from ``/proc/meminfo``; its processes are those that hold the GPU's device
+nodes open. Every path is under ``--path.sysfs`` and ``--path.procfs``, so the same code reads a fixture
+tree in tests.
 
 A file that is missing, unreadable or holds garbage makes that one value absent and counts an error
 under the name of what was read (``load``, ``rail``...): a broken tree never fails the cycle.
+
+Jetson Thor (JetPack 7) runs its GPU on the ``nvidia.ko`` stack: no ``load`` file, no nvgpu device nodes,
+no nvmap accounting. There the utilization, the processes and the GPU's memory in use (their sum) come from
+NVML (``jetson/nvml.py``), and everything else from sysfs as on the other boards. What the backend cannot
+read on a board (no load, no GPU thermal zone, no rail, NVML absent) is named in its one start-up line.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from gpu_exporter.backends import simple
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.jetson import procs as jetson_procs
+from gpu_exporter.backends.jetson.nvml import ThorNvml
 from gpu_exporter.backends.simple import Simple
 from gpu_exporter.config import Config
 from gpu_exporter.model import DeviceId, DeviceSample, ProcessUsage, SeriesKey
@@ -44,7 +53,10 @@ GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
 # the GPU driver a Jetson's devfreq device is bound to (nvgpu registers its platform driver as gk20a)
 GPU_DRIVERS = frozenset({"gk20a", "nvgpu"}) | CHIP_NAMES
 # ``devices/soc0/soc_id`` of Tegra SoCs (the chip ID in decimal) -> their GPU
-SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b"}
+SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b", "38": "tegra264"}
+# Thor's GPU clock domains (JetPack 7); ``gpu-nvd-<N>`` beside them is the video decoder, not the GPU
+_THOR_NODE = re.compile(r"gpu-gpc-[0-9]+")
+INPUT_MONITOR = "ina238"  # Thor's carrier board: one channel on the board's input, power in microwatts
 # load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
 _LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "NvMapMemUsed"})
@@ -86,16 +98,18 @@ def _first_word(path: Path) -> str:
 @dataclass(frozen=True)
 class GpuNode:
     devfreq: Path  # class/devfreq/<node>
-    chip: str  # gm20b, gv11b, ga10b...
+    chip: str  # gm20b, gv11b, ga10b..., tegra264 (Thor: the SoC, its GPU has no device-tree name)
     load: Path | None
+    stack: str = "nvgpu"  # the GPU driver: nvgpu, or nvidia (nvidia.ko, Thor), whose NVML answers
 
 
 @dataclass(frozen=True)
 class Rail:
     name: str
-    power: Path | None  # IIO in_power<N>_input, milliwatts
+    power: Path | None  # IIO in_power<N>_input (milliwatts), INA238 power1_input (microwatts)
     voltage: Path | None  # hwmon in<N>_input, millivolts
     current: Path | None  # hwmon curr<N>_input, milliamperes
+    per_watt: float = 1000  # units of ``power`` in a watt
 
 
 def find_gpu(sysfs: Path) -> GpuNode | None:
@@ -106,6 +120,9 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
     except OSError:
         return None
     tegra = _first_word(sysfs / "devices" / "soc0" / "family") == "Tegra"
+    thor = _find_thor(sysfs, entries, tegra)
+    if thor is not None:
+        return thor
     for entry in entries:
         of_node = entry / "device" / "of_node"
         node_name = _first_word(of_node / "name")
@@ -137,6 +154,25 @@ def find_gpu(sysfs: Path) -> GpuNode | None:
     return None
 
 
+def _find_thor(sysfs: Path, entries: list[Path], tegra: bool) -> GpuNode | None:
+    """Jetson Thor's GPU: its first ``gpu-gpc-<N>`` devfreq node on a Tegra (or an NVIDIA device tree).
+
+    The node has no device-tree name of the kind the older GPUs have, so the SoC names the chip: the
+    board's ``compatible`` (``nvidia,tegra264``), or where the device tree is masked ``soc0/soc_id``.
+    """
+    board = _safe_read(sysfs / "firmware" / "devicetree" / "base" / "compatible")
+    if not tegra and "nvidia," not in board:
+        return None
+    for entry in entries:
+        if _THOR_NODE.fullmatch(entry.name):
+            socs = [word.partition(",")[2] for word in board.split() if word.startswith("nvidia,tegra")]
+            soc_id = _first_word(sysfs / "devices" / "soc0" / "soc_id")
+            chip = socs[-1] if socs else SOC_CHIPS.get(soc_id, entry.name)
+            load = next((c for c in (entry / "load", entry / "device" / "load") if c.exists()), None)
+            return GpuNode(entry, chip, load, stack="nvidia")
+    return None
+
+
 def _link_name(path: Path) -> str:
     """The last element of a symlink's target (``device/driver`` -> ``gk20a``), or ""."""
     try:
@@ -153,24 +189,30 @@ def _is_nvidia(sysfs: Path, compatible: str) -> bool:
     return "nvidia," in board
 
 
-def _monitors(sysfs: Path, patterns: tuple[str, ...]) -> list[Path]:
-    """INA3221 monitor folders matching the glob patterns, each once, in a stable order."""
+def _monitors(sysfs: Path, patterns: tuple[str, ...], chip: str = "ina3221") -> list[Path]:
+    """Monitor folders (INA3221 by default) matching the glob patterns, each once, in a stable order."""
     seen: dict[str, Path] = {}
     for pattern in patterns:
         for folder in sorted(sysfs.glob(pattern)):
-            if _first_word(folder / "name").startswith("ina3221"):
+            if _first_word(folder / "name").startswith(chip):
                 seen.setdefault(os.path.realpath(folder), folder)
     return list(seen.values())
 
 
 def find_rails(sysfs: Path) -> list[Rail]:
-    """Named supply rails of every INA3221 on the board (JetPack 5+ hwmon, JetPack 4 IIO)."""
+    """Named supply rails of every INA3221 on the board (JetPack 5+ hwmon, JetPack 4 IIO), then Thor's INA238.
+
+    A channel labelled ``NC`` is not connected (AGX Orin's second monitor), and "sum of shunt voltages" is
+    no rail. The INA238 has one channel, the input of NVIDIA's Thor carrier board: named by its hwmon
+    ``label`` where the device tree gives one, else ``VIN``.
+    """
     rails: list[Rail] = []
-    for folder in _monitors(sysfs, ("class/hwmon/hwmon*", "bus/i2c/devices/*/hwmon/hwmon*")):
+    hwmon = ("class/hwmon/hwmon*", "bus/i2c/devices/*/hwmon/hwmon*")
+    for folder in _monitors(sysfs, hwmon):
         for label in sorted(folder.glob("in*_label")):
             channel = label.name[2 : -len("_label")]
             name = _first_word(label) if channel.isdigit() else ""
-            if not name or "sum of shunt" in _safe_read(label).lower():
+            if not name or name == "NC" or "sum of shunt" in _safe_read(label).lower():
                 continue
             rails.append(Rail(name, None, folder / f"in{channel}_input", folder / f"curr{channel}_input"))
     for folder in _monitors(sysfs, ("bus/iio/devices/iio:device*", "bus/i2c/devices/*/iio:device*")):
@@ -179,6 +221,8 @@ def find_rails(sysfs: Path) -> list[Rail]:
             name = _first_word(label)
             if name and channel.isdigit():
                 rails.append(Rail(name, folder / f"in_power{channel}_input", None, None))
+    for folder in _monitors(sysfs, hwmon, INPUT_MONITOR):
+        rails.append(Rail(_first_word(folder / "label") or "VIN", folder / "power1_input", None, None, 1e6))
     return rails
 
 
@@ -201,7 +245,9 @@ class JetsonBackend:
 
     name = "jetson"
 
-    def __init__(self, config: Config) -> None:
+    def __init__(self, config: Config, nvml: Any = None) -> None:
+        self._nvml = nvml  # the NVML module for Thor (None: nvidia-ml-py's pynvml, imported when needed)
+        self._thor: ThorNvml | None = None
         self._sysfs = Path(config.path_sysfs)
         self._procfs = Path(config.path_procfs)
         self._enabled = config.collector_enabled
@@ -228,6 +274,8 @@ class JetsonBackend:
         # the device tree's model, or where a container masks /sys/firmware, the SoC's copy of it
         model = _safe_read(base / "model") or _safe_read(self._sysfs / "devices" / "soc0" / "machine")
         serial = _safe_read(base / "serial-number")
+        thor = ThorNvml(self.errors, self._nvml) if gpu.stack == "nvidia" else None
+        why_not = thor.open() if thor is not None else ""
         with self._lock:
             self._gpu = gpu
             self._rails = find_rails(self._sysfs)
@@ -240,19 +288,48 @@ class JetsonBackend:
             }
             if serial:
                 self._info["serial"] = serial
+            self._thor = thor if thor is not None and thor.ready else None
+            if self._thor is not None:
+                self._info.update(self._thor.info)
             self._last_up = True
-        log.info(
-            "Jetson GPU %s at %s: load %s, thermal zone %s, rails %s",
+        missing = self._thor.unsupported() if self._thor is not None else ["utilization", "processes"]
+        unread = self._unread(gpu, missing, why_not)
+        nvml_load = gpu.stack == "nvidia" and "utilization" not in missing
+        log.log(
+            logging.WARNING if unread else logging.INFO,
+            "Jetson GPU %s at %s: load %s, thermal zone %s, rails %s%s",
             gpu.chip,
             gpu.devfreq,
-            "yes" if gpu.load else "not found",
+            "yes" if gpu.load else f"from NVML ({self._thor.name})" if self._thor and nvml_load else "not found",
             self._thermal.name if self._thermal else "not found",
             ", ".join(r.name for r in self._rails) or "not found",
+            f"; could not read: {'; '.join(unread)}" if unread else "",
         )
+
+    def _unread(self, gpu: GpuNode, missing: list[str], why_not: str) -> list[str]:
+        """What this board does not give, each with why, for the one start-up line (``missing``: what
+        Thor's NVML does not answer, or all of it when NVML is not there)."""
+        unread = []
+        if gpu.stack == "nvidia":
+            names = [n for n in missing if n != "utilization" or gpu.load is None]
+            names = [n if n != "processes" else "processes, the GPU's memory in use" for n in names]
+            if names:
+                load = "no load file; " if "utilization" in names else ""
+                unread.append(f"{', '.join(names)} ({load}NVML: {why_not or 'not supported'})")
+        elif gpu.load is None:
+            unread.append("utilization (no load file)")
+        if self._thermal is None:
+            unread.append("temperature (no thermal zone of type gpu*)")
+        if not self._rails:
+            unread.append("power (no INA3221 or INA238 rail)")
+        return unread
 
     def close(self) -> None:
         with self._lock:
             self._gpu = None
+            if self._thor is not None:
+                self._thor.close()
+                self._thor = None
 
     def healthy(self) -> bool:
         return self._gpu is not None and self._last_up
@@ -285,10 +362,24 @@ class JetsonBackend:
             for group in ("utilization", "clocks", "temperature"):
                 if enabled(group):
                     simple.read(SIMPLE_READS[group], lambda row: self._file(folders, row), values, self.errors)
+            thor = self._thor
+            if thor is not None and enabled("utilization"):
+                utilization = thor.utilization() if gpu.load is None else None
+                if utilization is not None:
+                    values[("utilization", ())] = utilization
+                values.update(((key, ()), ratio) for key, ratio in thor.codecs().items())
             if enabled("clocks"):
                 self._read_governor(gpu, values)
             if enabled("power"):
                 self._read_rails(values)
+            if gpu.stack == "nvidia":  # Thor: no nvmap, no nvgpu device nodes; NVML has the processes
+                listed = thor.processes() if thor is not None and (enabled("memory") or enabled("processes")) else None
+                used = None if listed is None else sum(p.memory_bytes or 0.0 for p in listed)
+                if enabled("memory"):
+                    self._read_memory(values, None, used)
+                processes = self._count_processes(values, listed) if enabled("processes") else ()
+                self._last_up = True
+                return [DeviceSample(self._device, True, values, dict(self._info), processes)]
             clients = jetson_procs.nvmap_clients(self._sysfs) if enabled("memory") or enabled("processes") else None
             if enabled("memory"):
                 self._read_memory(values, clients)
@@ -318,8 +409,8 @@ class JetsonBackend:
     def _read_rails(self, values: dict[SeriesKey, float]) -> None:
         for rail in self._rails:
             if rail.power is not None:
-                milliwatts = self._int(rail.power, "rail")
-                watts = None if milliwatts is None else milliwatts / 1000
+                raw = self._int(rail.power, "rail")
+                watts = None if raw is None else raw / rail.per_watt
             else:
                 millivolts = self._int(rail.voltage, "rail")
                 milliamps = self._int(rail.current, "rail") if millivolts is not None else None
@@ -332,7 +423,12 @@ class JetsonBackend:
             elif rail.name in GPU_RAILS:
                 values[("power", ())] = watts
 
-    def _read_memory(self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None) -> None:
+    def _read_memory(
+        self,
+        values: dict[SeriesKey, float],
+        clients: tuple[dict[int, int], int | None] | None,
+        gpu_used: float | None = None,  # Thor: its processes' memory, from NVML
+    ) -> None:
         fields: dict[str, int] = {}
         try:
             with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
@@ -356,6 +452,21 @@ class JetsonBackend:
             mapped = clients[1] if clients[1] is not None else sum(clients[0].values())
         if mapped is not None:
             values[("memory_used", ())] = float(min(mapped, total))
+        elif gpu_used is not None:
+            values[("memory_used", ())] = float(min(gpu_used, total))
+
+    @staticmethod
+    def _count_processes(
+        values: dict[SeriesKey, float], listed: tuple[ProcessUsage, ...] | None
+    ) -> tuple[ProcessUsage, ...]:
+        """Thor's GPU processes as NVML lists them; absent (not 0) when NVML does not list them."""
+        if listed is None:
+            return ()
+        values[("processes", ())] = float(len(listed))
+        known = [p.memory_bytes for p in listed if p.memory_bytes is not None]
+        if known:
+            values[("processes_memory", ())] = float(sum(known))
+        return listed
 
     def _read_processes(
         self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None

@@ -34,6 +34,7 @@ from gpu_exporter.backends.nvidia.devices import (
     Mig,
     text,
 )
+from gpu_exporter.backends.nvidia.integrated import is_integrated
 from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
 from gpu_exporter.backends.nvidia.slow import SlowCalls
 from gpu_exporter.backends.nvidia.violation import read_violations
@@ -145,6 +146,7 @@ class NvmlBackend:
             self._cuda = f"{cuda // 1000}.{cuda % 1000 // 10}"
         except nv.NVMLError:
             self._cuda = ""
+        integrated: list[str] = []
         for index in range(count):
             device = Device(index=index, id=DeviceId(str(index), ""))
             try:
@@ -152,11 +154,25 @@ class NvmlBackend:
                 device.live.up = True
             except Lost:
                 self._backoff.lost(device, "at start")
+            name = device.info.get("name", "")
+            if is_integrated(name):  # a Jetson's GPU: the Jetson backend reads it, rails and sensors too
+                integrated.append(f"{index} ({name})")
+                for sample in device.gpm_samples:
+                    self._try(device, "nvmlGpmSampleFree", sample)
+                continue
             self._devices.append(device)
+        if integrated:
+            log.info("NVML device %s is a Jetson's integrated GPU: left to the jetson backend", ", ".join(integrated))
+        if not self._devices:
+            self.close()
+            raise NoDevicesError(
+                f"NVML lists only a Jetson's integrated GPU ({', '.join(integrated)}), which the jetson backend "
+                "reads with its rails and sensors: run with --gpu-vendor=jetson or auto"
+            )
         log.info(
             "NVML %s: %d GPU(s), driver %s, CUDA %s",
             getattr(nv, "__name__", "library"),
-            count,
+            len(self._devices),
             self._driver,
             self._cuda or "unknown",
         )

@@ -15,7 +15,7 @@ from gpu_exporter.config import Config
 from tests.support import paths
 
 FIXTURES = paths.FIXTURES / "jetson"
-BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6")
+BOARDS = ("nano", "xavier", "xavier-jp4", "orin-jp5", "orin-jp6", "orin-jp7")
 
 
 def config_for(root: Path) -> Config:
@@ -109,6 +109,24 @@ EXPECTED = {
         "mem_total_kb": 15655960,
         "mem_avail_kb": 12120024,
         "gpu_mapped_kb": 385024,
+    },
+    # AGX Orin, JetPack 7.2: the JetPack 6 layout; two INA3221, the second's outer channels NC (no rail)
+    "orin-jp7": {
+        "chip": "ga10b",
+        "load": 0.612,
+        "freq": (1300.5e6, 306e6, 1300.5e6),
+        "temp": 47.531,
+        "rails": {
+            "VDD_GPU_SOC": 19.984 * 0.396,
+            "VDD_CPU_CV": 19.984 * 0.208,
+            "VIN_SYS_5V0": 5.032 * 0.736,
+            "VDDQ_VDD2_1V8AO": 5.008 * 0.128,
+        },
+        "board": None,
+        "gpu_power": None,  # VDD_GPU_SOC feeds the SoC too
+        "mem_total_kb": 64335836,
+        "mem_avail_kb": 55870188,
+        "gpu_mapped_kb": 761856,
     },
 }
 

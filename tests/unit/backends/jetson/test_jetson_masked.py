@@ -24,6 +24,7 @@ BOARDS = {
     "xavier": ("gv11b", "Jetson-AGX"),
     "orin-jp5": ("ga10b", "NVIDIA Jetson Orin Nano Developer Kit"),
     "orin-jp6": ("ga10b", "NVIDIA Jetson Orin NX Engineering Reference Developer Kit"),
+    "orin-jp7": ("ga10b", "NVIDIA Jetson AGX Orin Developer Kit"),
 }
 
 
