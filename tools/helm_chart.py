@@ -71,7 +71,11 @@ def lint(values: dict[str, Any] | None = None, chart: Path = CHART) -> dict[str,
             (path / "values.yaml").write_text(json.dumps(merged(defaults, values)), encoding="utf-8")
         result = asyncio.run(_helm().Lint(_config()).run(str(path)))
     messages = [
-        {"severity": SEVERITY.get(m.get("Severity"), str(m.get("Severity"))), "path": m.get("Path"), "text": m.get("Err")}
+        {
+            "severity": SEVERITY.get(m.get("Severity"), str(m.get("Severity"))),
+            "path": m.get("Path"),
+            "text": m.get("Err"),
+        }
         for m in result.get("Messages") or []
     ]
     return {"messages": messages, "errors": result.get("Errors")}
@@ -81,7 +85,9 @@ def install(kubeconfig: str, namespace: str, values: dict[str, Any] | None, char
     """Helm's install of the chart: rendered, and sent to the kubeconfig's API server; never waits."""
     helm = _helm()
     action = helm.Install(_config(namespace, kubeconfig))
-    release: dict[str, Any] = asyncio.run(action.run(RELEASE, str(chart), values=values or None, wait=False, timeout=60))
+    release: dict[str, Any] = asyncio.run(
+        action.run(RELEASE, str(chart), values=values or None, wait=False, timeout=60)
+    )
     return release
 
 

@@ -63,15 +63,24 @@ REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "url": ({"forwarding": {"url": "tcp://mqtt.example.com:1883"}}, ("/forwarding/url", "mqtts?://")),
     "credentials in url": ({"forwarding": {"url": "mqtts://user:pw@broker:8883"}}, ("/forwarding/url",)),
     "spool": ({"forwarding": {"spool": {"maxBytes": "lots"}}}, ("/forwarding/spool/maxBytes",)),
-    "term": ({"agent": {"extraNodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Is"}]}]}}, ("operator",)),
+    "term": (
+        {"agent": {"extraNodeSelectorTerms": [{"matchExpressions": [{"key": "a", "operator": "Is"}]}]}},
+        ("operator",),
+    ),
     "remote write auth": ({"bridge": {"remoteWrite": {"auth": "oauth"}}}, ("/bridge/remoteWrite/auth", "'basic'")),
-    "pod resources on kubeedge": ({"agent": {"podResources": True}}, ("agent.podResources needs agent.placement=kubernetes",)),
+    "pod resources on kubeedge": (
+        {"agent": {"podResources": True}},
+        ("agent.podResources needs agent.placement=kubernetes",),
+    ),
     "secret without password": (
         {"forwarding": {"secret": {"create": True, "username": "u"}}},
         ("forwarding.secret.create needs forwarding.secret.username and forwarding.secret.password",),
     ),
 }
-READY = {"image": {"repository": "registry.internal:5000/gpu-exporter"}, "forwarding": {"url": "mqtts://mqtt.internal:8883"}}
+READY = {
+    "image": {"repository": "registry.internal:5000/gpu-exporter"},
+    "forwarding": {"url": "mqtts://mqtt.internal:8883"},
+}
 
 
 class Rendered:
@@ -254,7 +263,9 @@ def _kustomize(tmp_path: Path, overlay: str | None, component: str | None, files
     for name in files:
         docs += [d for d in yaml.safe_load_all((DEPLOY / name).read_text(encoding="utf-8")) if d]
     if "servicemonitor-https.yaml" in files:  # served with the Service of servicemonitor.yaml
-        docs += [d for d in yaml.safe_load_all((DEPLOY / "servicemonitor.yaml").read_text()) if d and d["kind"] == "Service"]
+        docs += [
+            d for d in yaml.safe_load_all((DEPLOY / "servicemonitor.yaml").read_text()) if d and d["kind"] == "Service"
+        ]
     return docs
 
 

@@ -35,7 +35,12 @@ DRIVER = ROOT / "tools" / "helm_chart.py"
 ENV = "GPU_EXPORTER_HELM_PYTHON"
 DEFAULT_VENV = Path(os.environ.get("TMPDIR", "/tmp")) / "gpu-exporter-ci-py312"
 NAMESPACE = "gpu-exporter"
-HELM_LABELS = ("app.kubernetes.io/managed-by", "helm.sh/chart", "app.kubernetes.io/instance", "app.kubernetes.io/version")
+HELM_LABELS = (
+    "app.kubernetes.io/managed-by",
+    "helm.sh/chart",
+    "app.kubernetes.io/instance",
+    "app.kubernetes.io/version",
+)
 
 
 def helm_python() -> str:
@@ -77,7 +82,9 @@ def run_jobs(jobs: list[Job], workdir: Path, timeout: float = 300) -> list[Job]:
             spec: dict[str, Any] = {"op": job.op, "values": job.values}
             if job.op == "install":
                 server = servers[i] = ApiServer().__enter__()
-                spec.update(kubeconfig=str(server.kubeconfig(workdir / f"kubeconfig-{i}", NAMESPACE)), namespace=NAMESPACE)
+                spec.update(
+                    kubeconfig=str(server.kubeconfig(workdir / f"kubeconfig-{i}", NAMESPACE)), namespace=NAMESPACE
+                )
             elif job.op == "package":
                 spec["dest"] = str(workdir / "package")
             specs.append(spec)

@@ -55,7 +55,14 @@ KUBE_VERSION = {"major": "1", "minor": "30", "gitVersion": "v1.30.0", "platform"
 
 
 def _status(code: int, reason: str, message: str) -> Obj:
-    return {"kind": "Status", "apiVersion": "v1", "status": "Failure", "message": message, "reason": reason, "code": code}
+    return {
+        "kind": "Status",
+        "apiVersion": "v1",
+        "status": "Failure",
+        "message": message,
+        "reason": reason,
+        "code": code,
+    }
 
 
 _PROTOBUF_MAGIC = b"k8s\x00"
@@ -147,7 +154,7 @@ class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
 
-    def log_message(self, format: str, *args: Any) -> None:  # noqa: A002 (the base class's name)
+    def log_message(self, format: str, *args: Any) -> None:
         pass
 
     def _send(self, code: int, body: Obj) -> None:
@@ -185,8 +192,6 @@ class _Handler(BaseHTTPRequestHandler):
         for res in RESOURCES:
             if res.group_version == gv and res.plural == rest[0]:
                 return res, namespace, rest[1] if len(rest) == 2 else None
-        if rest[0] == "namespaces" and gv == "v1" and len(rest) == 2:  # GET /api/v1/namespaces/<name>
-            return RESOURCES[0], "", rest[1]
         return None
 
     def _discovery(self, path: str) -> Obj | None:
@@ -232,7 +237,7 @@ class _Handler(BaseHTTPRequestHandler):
     def _handle(self) -> None:
         store = self.server.store
         with store.lock:
-            store.requests.append(f"{self.command} {self.path} {self.headers.get('Content-Type')} {self.headers.get('Accept')}")
+            store.requests.append(f"{self.command} {self.path}")
         url = urlsplit(self.path)
         if self.command == "GET":
             found = self._discovery(url.path.rstrip("/"))
@@ -260,8 +265,8 @@ class _Handler(BaseHTTPRequestHandler):
             if self.command == "POST" and name is None:
                 obj = self._body()
                 obj.setdefault("metadata", {})
-                if res.namespaced:
-                    obj["metadata"].setdefault("namespace", namespace)
+                if res.namespaced and not obj["metadata"].get("namespace"):
+                    obj["metadata"]["namespace"] = namespace
                 key = (res.group_version, res.plural, namespace, obj["metadata"].get("name", ""))
                 if key in store.objects:
                     self._send(409, _status(409, "AlreadyExists", f'{res.plural} "{key[3]}" already exists'))
@@ -288,7 +293,9 @@ class _Handler(BaseHTTPRequestHandler):
                 del store.objects[key]
                 self._send(200, {"kind": "Status", "apiVersion": "v1", "status": "Success"})
             else:  # PATCH: recorded, not merged; the chart's objects are only ever created
-                self._send(422, _status(422, "Invalid", f"the stand-in does not patch ({self.headers['Content-Type']})"))
+                self._send(
+                    422, _status(422, "Invalid", f"the stand-in does not patch ({self.headers['Content-Type']})")
+                )
 
     def _guarded(self) -> None:
         try:
@@ -332,7 +339,9 @@ class ApiServer:
             "kind": "Config",
             "clusters": [{"name": "stand-in", "cluster": {"server": self.url}}],
             "users": [{"name": "stand-in", "user": {}}],
-            "contexts": [{"name": "stand-in", "context": {"cluster": "stand-in", "user": "stand-in", "namespace": namespace}}],
+            "contexts": [
+                {"name": "stand-in", "context": {"cluster": "stand-in", "user": "stand-in", "namespace": namespace}}
+            ],
             "current-context": "stand-in",
         }
         path.write_text(json.dumps(config), encoding="utf-8")
