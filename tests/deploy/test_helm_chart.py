@@ -14,6 +14,7 @@ message that names the value, and packages at pyproject's version. Helm starts o
 
 from __future__ import annotations
 
+import base64
 import os
 import re
 import tarfile
@@ -32,12 +33,35 @@ from tests.deploy import test_deploy_vendors as vendor_checks
 from tests.deploy import test_web_deploy as web_checks
 from tests.support import paths
 from tests.support.helm import CHART, EXAMPLES, Job, chart_objects, load_values, run_jobs
+from tests.support.tls import make_tls
+from tests.support.web import bcrypt_hash
 
 pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("helm")]
 
 DEPLOY = paths.ROOT / "deploy"
 Docs = list[dict[str, Any]]
-CASES: dict[str, dict[str, Any]] = {"defaults": {}, **{p.stem: load_values(p) for p in EXAMPLES}}
+ARM64_TERM = {
+    "matchExpressions": [
+        {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]},
+        {"key": "nvidia.com/gpu.product", "operator": "Exists"},
+    ]
+}
+# the defaults, each example, and values the examples do not show
+CASES: dict[str, dict[str, Any]] = {
+    "defaults": {},
+    **{p.stem: load_values(p) for p in EXAMPLES},
+    "arm64 term": {"agent": {"extraNodeSelectorTerms": [ARM64_TERM]}},
+    "web secret": {"web": {"tls": {"enabled": True, "createSecret": True}}},  # + webConfig, cert, key: below
+    "bridge basic auth": {
+        "agent": {"enabled": False},
+        "bridge": {
+            "enabled": True,
+            "mqttSecret": {"create": True, "username": "gpu-exporter-bridge", "password": "s3cret"},
+            "remoteWrite": {"url": "https://vm.example.net/api/v1/write", "auth": "basic"},
+        },
+        "serviceMonitor": {"enabled": True},
+    },
+}
 # values -> the kustomize render of the same deployment: (overlay, component or None, plain files)
 KUSTOMIZE: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "defaults": ("kubeedge", None, ()),
@@ -47,12 +71,6 @@ KUSTOMIZE: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
     "pod-resources": ("kubernetes", "pod-resources", ()),
     "web-tls": ("kubeedge", "web-tls", ("servicemonitor-https.yaml",)),
     "bridge": (None, None, ("bridge.yaml", "prometheusrule.yaml")),
-}
-ARM64_TERM = {
-    "matchExpressions": [
-        {"key": "kubernetes.io/arch", "operator": "In", "values": ["arm64"]},
-        {"key": "nvidia.com/gpu.product", "operator": "Exists"},
-    ]
 }
 # wrong values, and what Helm's answer must say about each
 REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
@@ -77,6 +95,7 @@ REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
         ("forwarding.secret.create needs forwarding.secret.username and forwarding.secret.password",),
     ),
 }
+WEB_TLS = {"cert_file": "tls.crt", "key_file": "tls.key"}
 READY = {
     "image": {"repository": "registry.internal:5000/gpu-exporter"},
     "forwarding": {"url": "mqtts://mqtt.internal:8883"},
@@ -87,9 +106,12 @@ class Rendered:
     """Every Helm run of this module, done once: lint and install per case, the refusals, the package."""
 
     def __init__(self, workdir: Path) -> None:
+        self.tls = make_tls(workdir / "pki", client=False)
+        web = CASES["web secret"]["web"]["tls"]
+        web["webConfig"] = {"tls_server_config": WEB_TLS, "basic_auth_users": {"prometheus": bcrypt_hash("change-me")}}
+        web["cert"], web["key"] = (Path(self.tls[k]).read_text() for k in ("cert", "key"))
         self.lints = {name: Job("lint", values or None) for name, values in CASES.items()}
         self.installs = {name: Job("install", values) for name, values in CASES.items()}
-        self.installs["arm64 term"] = Job("install", {"agent": {"extraNodeSelectorTerms": [ARM64_TERM]}})
         self.installs["ready"] = Job("install", READY)
         self.refused = {name: Job("install", values) for name, (values, _) in REFUSED.items()}
         self.bad_lint = Job("lint", {"agent": {"placement": "edge"}})
@@ -140,7 +162,7 @@ def test_lint_reports_a_wrong_value(helm: Rendered) -> None:
 # --- what Helm rendered passes what the kustomize renders pass ----------------------------------------
 
 
-@pytest.mark.parametrize("name", sorted([*CASES, "arm64 term"]))
+@pytest.mark.parametrize("name", sorted(CASES))
 def test_rendered_objects_pass_the_kubernetes_schemas(helm: Rendered, name: str) -> None:
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     docs = helm.docs(name)
@@ -166,17 +188,17 @@ def test_the_agent_passes_the_kustomize_checks(helm: Rendered, name: str, tmp_pa
     deploy_checks.test_config_from_configmap_and_credentials_from_secret(rendered, tmp_path)
     if values.get("vendor", "nvidia") == "nvidia":
         deploy_checks.test_no_gpu_is_requested(rendered)
-        deploy_checks.test_kubeedge_placement(rendered)
+        if not values.get("extraNodeSelectorTerms"):  # (the check allows the shipped operators only)
+            deploy_checks.test_kubeedge_placement(rendered)
     if not (values.get("vendor") == "amd" or values.get("jetsonProcesses") or values.get("podResources")):
         deploy_checks.test_locked_down(rendered)
     assert secret_checks._unreadable(rendered[1]) == []
 
 
-@pytest.mark.parametrize("name", sorted([*AGENT_CASES, "arm64 term"]))
+@pytest.mark.parametrize("name", sorted(AGENT_CASES))
 def test_the_agent_lands_on_its_vendors_nodes_only(helm: Rendered, name: str) -> None:
     spec = deploy_checks._pod_spec(helm.docs(name))
-    overlay = "kubeedge" if name == "arm64 term" else _overlay(name)
-    vendor = "nvidia" if name == "arm64 term" else str(_agent_values(name).get("vendor", "nvidia"))
+    overlay, vendor = _overlay(name), str(_agent_values(name).get("vendor", "nvidia"))
     edge = placement_checks.EDGE if overlay == "kubeedge" else {}
     own, other = (
         (placement_checks.AMD_NODES, placement_checks.NVIDIA_NODES)
@@ -236,12 +258,85 @@ def test_the_bridge_passes_the_kustomize_checks(
     helm: Rendered, name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     docs = helm.docs(name)
-    _as(bridge_checks, monkeypatch, "_docs", lambda: [d for d in docs if "bridge" in d["metadata"]["name"]])
+    _as(bridge_checks, monkeypatch, "_docs", lambda: [d for d in _core(docs) if "bridge" in d["metadata"]["name"]])
     bridge_checks.test_manifests_validate_against_the_kubernetes_schemas()
     bridge_checks.test_two_replicas_share_one_subscription_each_under_its_own_stable_session()
     bridge_checks.test_the_arguments_are_a_valid_bridge_configuration(tmp_path)
     bridge_checks.test_the_bridge_authenticates_with_a_secret_it_cannot_start_without()
     bridge_checks.test_pod_is_hardened()
+    bridge_checks.test_pod_meets_the_restricted_pod_security_standard()
+
+
+# --- the Secrets the chart makes are the ones the pods read ---------------------------------------------
+
+
+def _secret(docs: Docs, name: str) -> dict[str, str]:
+    (secret,) = [d for d in docs if d["kind"] == "Secret" and d["metadata"]["name"] == name]
+    return {key: base64.b64decode(value).decode() for key, value in secret["data"].items()}
+
+
+def _mounted(docs: Docs, secret: str) -> str:
+    """Where the pod's container mounts the Secret ``secret``."""
+    spec = deploy_checks._pod_spec(docs) if any(d["kind"] == "DaemonSet" for d in docs) else _bridge_spec(docs)
+    volume = next(v["name"] for v in spec["volumes"] if v.get("secret", {}).get("secretName") == secret)
+    return str(next(m["mountPath"] for m in spec["containers"][0]["volumeMounts"] if m["name"] == volume))
+
+
+def _bridge_spec(docs: Docs) -> dict[str, Any]:
+    spec: dict[str, Any] = next(d for d in docs if d["kind"] == "Deployment")["spec"]["template"]["spec"]
+    return spec
+
+
+def test_forwarding_with_a_password_reads_the_secret_the_chart_makes(helm: Rendered, tmp_path: Path) -> None:
+    docs = helm.docs("forwarding-password")
+    secret = _secret(docs, "gpu-exporter-mqtt")
+    assert secret == {"username": "gpu-exporter", "password": "change-me"}
+    config = yaml.safe_load(next(d for d in docs if d["kind"] == "ConfigMap")["data"]["config.yaml"])
+    assert config["mqtt.password-file"] == _mounted(docs, "gpu-exporter-mqtt") + "/password"
+    assert config["mqtt.tls.ca-file"] == "/etc/gpu-exporter-node/ca.crt"
+    assert "mqtt.tls.cert-file" not in config and "mqtt.tls.key-file" not in config
+    assert (config["mqtt.url"], config["spool.max-bytes"], config["spool.max-age"]) == (
+        "mqtts://mqtt.internal:8883",
+        "1GiB",
+        "3d",
+    )
+    agent = deploy_checks._agent(docs)
+    assert agent["image"] == "registry.internal:5000/gpu-exporter:0.1.0"
+    user = next(e for e in agent["env"] if e["name"] == "GPU_EXPORTER_MQTT_USERNAME")
+    assert user["valueFrom"]["secretKeyRef"]["name"] == "gpu-exporter-mqtt"
+
+
+def test_the_web_secret_the_chart_makes_is_one_the_agent_serves(helm: Rendered, tmp_path: Path) -> None:
+    from gpu_exporter.web.webconfig import load_web_config
+
+    docs = helm.docs("web secret")
+    secret = _secret(docs, "gpu-exporter-web")
+    assert _mounted(docs, "gpu-exporter-web") + "/web.yml" in " ".join(deploy_checks._agent(docs)["args"])
+    for name, text in secret.items():
+        (tmp_path / name).write_text(text, encoding="utf-8")
+    web = load_web_config(str(tmp_path / "web.yml"))  # the agent's own loader: the files load, the hash is bcrypt
+    assert web.tls is not None and set(web.users) == {"prometheus"}
+
+
+def test_the_bridge_with_basic_auth_reads_its_secrets(helm: Rendered) -> None:
+    docs = helm.docs("bridge basic auth")
+    assert _secret(docs, "gpu-exporter-bridge-mqtt") == {"username": "gpu-exporter-bridge", "password": "s3cret"}
+    spec = _bridge_spec(docs)
+    args = spec["containers"][0]["args"]
+    assert _mounted(docs, "gpu-exporter-bridge-mqtt") + "/password" in " ".join(args)
+    assert f"--remote-write.password-file={_mounted(docs, 'gpu-exporter-bridge-remote-write')}/password" in args
+    assert "--remote-write.url=https://vm.example.net/api/v1/write" in args
+    volume = next(
+        v for v in spec["volumes"] if v.get("secret", {}).get("secretName") == "gpu-exporter-bridge-remote-write"
+    )
+    assert volume["secret"]["optional"] is False  # asked for: a missing Secret stops the pod, not the writes
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "ServiceMonitor"}
+    assert set(monitors) == {"gpu-exporter-bridge"}  # no agent, no agent ServiceMonitor
+    service = next(d for d in docs if d["kind"] == "Service")
+    assert (
+        monitors["gpu-exporter-bridge"]["spec"]["selector"]["matchLabels"].items()
+        <= service["metadata"]["labels"].items()
+    )
 
 
 # --- the same objects as kubectl kustomize -------------------------------------------------------------
