@@ -14,7 +14,16 @@ from typing import Any
 
 __all__ = ["restricted_violations"]
 
-VOLUME_TYPES = {"configMap", "csi", "downwardAPI", "emptyDir", "ephemeral", "persistentVolumeClaim", "projected", "secret"}
+VOLUME_TYPES = {
+    "configMap",
+    "csi",
+    "downwardAPI",
+    "emptyDir",
+    "ephemeral",
+    "persistentVolumeClaim",
+    "projected",
+    "secret",
+}
 SECCOMP = {"RuntimeDefault", "Localhost"}
 
 
