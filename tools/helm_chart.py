@@ -164,7 +164,10 @@ def main(argv: list[str] | None = None) -> int:
         for m in result["messages"]:
             print(f"[{m['severity']}] {m['path']}: {m['text'] or '(Helm gave no text)'}")
         bad = [m for m in result["messages"] if m["severity"] != "INFO"]
-        print(f"{CHART.relative_to(ROOT)}: {len(result['messages'])} message(s), {len(bad)} warning(s) or error(s)")
+        given = f" with {', '.join(args.values)}" if args.values else ""
+        print(
+            f"{CHART.relative_to(ROOT)}{given}: {len(result['messages'])} message(s), {len(bad)} warning(s) or error(s)"
+        )
         return 1 if bad or result["errors"] else 0
     if args.op == "package":
         result = run_job({"op": "package", "dest": args.dest})
