@@ -76,6 +76,7 @@ KUSTOMIZE: dict[str, tuple[str | None, str | None, tuple[str, ...]]] = {
 REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     "placement": ({"agent": {"placement": "edge"}}, ("/agent/placement", "'kubeedge', 'kubernetes'")),
     "vendor": ({"agent": {"vendor": "intel"}}, ("/agent/vendor", "'nvidia', 'amd'")),
+    "tag": ({"image": {"tag": ":0.1.0"}}, ("/image/tag",)),
     "typo": ({"agent": {"jetsonProcess": True}}, ("/agent", "jetsonProcess")),
     "port": ({"agent": {"port": "9400"}}, ("/agent/port", "want integer")),
     "url": ({"forwarding": {"url": "tcp://mqtt.example.com:1883"}}, ("/forwarding/url", "mqtts?://")),
@@ -96,8 +97,9 @@ REFUSED: dict[str, tuple[dict[str, Any], tuple[str, ...]]] = {
     ),
 }
 WEB_TLS = {"cert_file": "tls.crt", "key_file": "tls.key"}
+DIGEST = "sha256:" + "0123456789abcdef" * 4
 READY = {
-    "image": {"repository": "registry.internal:5000/gpu-exporter"},
+    "image": {"repository": "registry.internal:5000/gpu-exporter", "tag": DIGEST},
     "forwarding": {"url": "mqtts://mqtt.internal:8883"},
 }
 
@@ -438,6 +440,13 @@ def test_notes_say_what_to_check_next(helm: Rendered) -> None:
     assert "create secret generic gpu-exporter-bridge-mqtt" in bridge and "daemonset" not in bridge
     assert "https://<node address>:9400/metrics" in helm.installs["web-tls"].notes
     assert "create secret generic gpu-exporter-web" in helm.installs["web-tls"].notes
+
+
+def test_an_image_digest_pins_the_image(helm: Rendered) -> None:
+    docs = helm.docs("ready")
+    spec = deploy_checks._pod_spec(docs)
+    for container in spec["containers"] + spec["initContainers"]:
+        assert container["image"] == f"registry.internal:5000/gpu-exporter@{DIGEST}"
 
 
 def test_package_carries_the_projects_version(helm: Rendered) -> None:

@@ -3,8 +3,10 @@ Names are fixed, as in deploy/: one agent per node listens on the node's port, s
 release of this chart.
 */}}
 
+{{/* repository:tag, or repository@sha256:... for a digest */}}
 {{- define "gpu-exporter.image" -}}
-{{ .Values.image.repository }}:{{ .Values.image.tag | default .Chart.AppVersion }}
+{{- $tag := .Values.image.tag | default .Chart.AppVersion -}}
+{{ .Values.image.repository }}{{ ternary "@" ":" (hasPrefix "sha256:" $tag) }}{{ $tag }}
 {{- end }}
 
 {{/* Labels of every object: the project's name plus Helm's own. Selectors use the name only. */}}
