@@ -15,6 +15,7 @@ message that names the value, and packages at pyproject's version. Helm starts o
 from __future__ import annotations
 
 import base64
+import copy
 import os
 import re
 import tarfile
@@ -51,7 +52,7 @@ CASES: dict[str, dict[str, Any]] = {
     "defaults": {},
     **{p.stem: load_values(p) for p in EXAMPLES},
     "arm64 term": {"agent": {"extraNodeSelectorTerms": [ARM64_TERM]}},
-    "web secret": {"web": {"tls": {"enabled": True, "createSecret": True}}},  # + webConfig, cert, key: below
+    "web secret": {"web": {"tls": {"enabled": True, "createSecret": True}}},  # + webConfig, cert, key: Rendered
     "bridge basic auth": {
         "agent": {"enabled": False},
         "bridge": {
@@ -108,12 +109,13 @@ class Rendered:
     """Every Helm run of this module, done once: lint and install per case, the refusals, the package."""
 
     def __init__(self, workdir: Path) -> None:
-        self.tls = make_tls(workdir / "pki", client=False)
-        web = CASES["web secret"]["web"]["tls"]
+        tls = make_tls(workdir / "pki", client=False)
+        cases = copy.deepcopy(CASES)
+        web = cases["web secret"]["web"]["tls"]
         web["webConfig"] = {"tls_server_config": WEB_TLS, "basic_auth_users": {"prometheus": bcrypt_hash("change-me")}}
-        web["cert"], web["key"] = (Path(self.tls[k]).read_text() for k in ("cert", "key"))
-        self.lints = {name: Job("lint", values or None) for name, values in CASES.items()}
-        self.installs = {name: Job("install", values) for name, values in CASES.items()}
+        web["cert"], web["key"] = (Path(tls[k]).read_text() for k in ("cert", "key"))
+        self.lints = {name: Job("lint", values or None) for name, values in cases.items()}
+        self.installs = {name: Job("install", values) for name, values in cases.items()}
         self.installs["ready"] = Job("install", READY)
         self.refused = {name: Job("install", values) for name, (values, _) in REFUSED.items()}
         self.bad_lint = Job("lint", {"agent": {"placement": "edge"}})
