@@ -12,6 +12,7 @@ import yaml
 from gpu_exporter import config as cfg
 from gpu_exporter.bridge import cli
 from tests.support import paths
+from tests.support.pod_security import restricted_violations
 
 MANIFEST = paths.ROOT / "deploy" / "bridge.yaml"
 
@@ -74,3 +75,15 @@ def test_pod_is_hardened() -> None:
     assert sc["allowPrivilegeEscalation"] is False
     assert sc["capabilities"]["drop"] == ["ALL"]
     assert "limits" in spec["containers"][0]["resources"]
+
+
+def test_pod_meets_the_restricted_pod_security_standard() -> None:
+    """The bridge runs in a namespace that enforces `restricted` (unlike the agent: hostNetwork, hostPath)."""
+    assert restricted_violations(_deployment()["spec"]["template"]["spec"]) == []
+
+
+def test_the_restricted_check_refuses_what_the_profile_refuses() -> None:
+    agent = yaml.safe_load((paths.ROOT / "deploy" / "base" / "daemonset.yaml").read_text(encoding="utf-8"))
+    found = " | ".join(restricted_violations(agent["spec"]["template"]["spec"]))
+    for rule in ("hostNetwork", "volume spool", "hostPort", "spool-owner: runAsNonRoot", "capabilities add ['CHOWN']"):
+        assert rule in found, rule
