@@ -23,6 +23,7 @@ from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter import hostread
 from gpu_exporter.backends import simple
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.jetson import procs as jetson_procs
@@ -71,9 +72,10 @@ SIMPLE_READS = simple.by_group(
 
 
 def _read(path: Path) -> str:
-    """A sysfs attribute as text, without device-tree NUL terminators or the trailing newline."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read(4096).replace("\x00", " ").strip()
+    """A sysfs attribute as text, without device-tree NUL terminators or the trailing newline.
+
+    Bounded (``hostread``): a FIFO, a device, an endless file or a read that hangs raise OSError."""
+    return hostread.read_text(path).replace("\x00", " ").strip()
 
 
 def _first_word(path: Path) -> str:
@@ -251,8 +253,8 @@ class JetsonBackend:
         )
 
     def close(self) -> None:
-        with self._lock:
-            self._gpu = None
+        # not under the lock: a read in flight holds it, and a stop must not wait for that read
+        self._gpu = None
 
     def healthy(self) -> bool:
         return self._gpu is not None and self._last_up
@@ -335,12 +337,11 @@ class JetsonBackend:
     def _read_memory(self, values: dict[SeriesKey, float], clients: tuple[dict[int, int], int | None] | None) -> None:
         fields: dict[str, int] = {}
         try:
-            with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
-                for line in handle:
-                    key, _, rest = line.partition(":")
-                    parts = rest.split()
-                    if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
-                        fields[key] = int(parts[0]) * 1024  # kB
+            for line in hostread.read_text(self._procfs / "meminfo", encoding="ascii").splitlines():
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
+                    fields[key] = int(parts[0]) * 1024  # kB
         except OSError as exc:
             log.debug("meminfo: %s", exc)
         if "MemTotal" not in fields or "MemAvailable" not in fields:
