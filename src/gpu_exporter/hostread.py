@@ -206,12 +206,13 @@ class _Pool:
 _POOL = _Pool()
 
 
-def read_bytes(path: str | Path, cap: int = CAP, timeout: float = TIMEOUT) -> bytes:
-    """The bytes of the regular file ``path`` (at most ``cap``); ``Refused`` or another OSError."""
-    return _POOL.read(os.fspath(path), cap, timeout)
+def read_bytes(path: str | Path, cap: int = CAP, timeout: float | None = None) -> bytes:
+    """The bytes of the regular file ``path`` (at most ``cap``, waited for at most ``timeout`` seconds,
+    ``TIMEOUT`` when None); ``Refused`` or another OSError."""
+    return _POOL.read(os.fspath(path), cap, TIMEOUT if timeout is None else timeout)
 
 
-def read_text(path: str | Path, cap: int = CAP, timeout: float = TIMEOUT, encoding: str = "utf-8") -> str:
+def read_text(path: str | Path, cap: int = CAP, timeout: float | None = None, encoding: str = "utf-8") -> str:
     """``read_bytes`` decoded, undecodable bytes replaced."""
     return read_bytes(path, cap, timeout).decode(encoding, errors="replace")
 
