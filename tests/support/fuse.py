@@ -99,7 +99,7 @@ class HungFile:
             if opcode in _NO_REPLY:
                 continue
             if opcode == _INIT:
-                major, minor = struct.unpack_from("<II", request, _IN.size)
+                _, minor = struct.unpack_from("<II", request, _IN.size)
                 body = _INIT_OUT.pack(7, min(minor, 31), 0, 0, 1, 1, 1 << 16, 1, 1, 0, 0, 0, *([0] * 6))
                 self._reply(unique, body)
             elif opcode == _GETATTR:
