@@ -173,6 +173,7 @@ def test_a_file_that_never_ends_costs_bounded_memory_and_its_values_alone(
         assert 'gpu_utilization_ratio{gpu="0",uuid="jetson-1424623045678"}' in page
         if where == "proc/meminfo":
             assert not any(name.startswith("gpu_memory_total_bytes") for name in page)
+
         # the pod attribution thread names the pods of the processes it can read
         def pods_named() -> str:
             text = agent.scrape()
