@@ -124,10 +124,10 @@ def test_a_rail_that_never_answers_costs_that_rail_alone(
         assert 'gpu_utilization_ratio{gpu="0",uuid="jetson-1424623045678"}' in page
         assert page[f'gpu_exporter_host_read_failures_total{{reason="{reason}"}}'] >= 1
         assert page['gpu_exporter_collect_errors_total{backend="jetson",call="rail"}'] >= 5
-        if reason == "timeout":  # one wait, then skipped while the read hangs
-            assert page['gpu_exporter_host_read_failures_total{reason="timeout"}'] == 1
+        if isinstance(broken_rail, HungFile):  # one wait, then skipped while the read hangs
+            assert broken_rail.reads == 1
             assert page['gpu_exporter_host_read_failures_total{reason="stuck"}'] >= 4
-            assert page["gpu_exporter_host_reads_stuck"] == 1
+            assert page["gpu_exporter_host_reads_stuck"] >= 1
         assert page["gpu_exporter_sampler_stale"] == 0
         assert ready(agent)[0] == 200
         if isinstance(broken_rail, HungFile):

@@ -96,7 +96,7 @@ def test_a_read_that_blocks_in_the_kernel_costs_one_wait_once_and_one_thread(hun
     assert hostread.stuck() == 1
     for _ in range(5):  # refused at once while the first read still hangs: no second reader thread
         assert _refused(hung.path, timeout=0.2) == "stuck"
-        assert hostread.read_text(other) == "5064\n"  # other files are read meanwhile
+        assert hostread.read_text(other, timeout=30) == "5064\n"  # other files are read meanwhile
     assert hung.reads == 1
     assert _delta(before) == {"timeout": 1, "stuck": 5}
     readers = [t for t in threading.enumerate() if t.name == "host-read"]
