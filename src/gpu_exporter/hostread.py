@@ -160,7 +160,7 @@ class _Pool:
         with self.lock:
             if path in self.stuck:
                 reason, detail = "stuck", "an earlier read of it has not returned"
-            elif not self.idle and len(self.stuck) >= MAX_STUCK:
+            elif len(self.stuck) >= MAX_STUCK:
                 reason, detail = "busy", f"{MAX_STUCK} host reads are stuck"
             else:
                 reason, detail = "", ""
@@ -169,7 +169,11 @@ class _Pool:
             _count(reason)
             raise Refused(reason, path, detail)
         job = _Job(path, cap)
-        (reader or _Reader(self)).hand(job)
+        try:
+            (reader or _Reader(self)).hand(job)
+        except RuntimeError:  # no thread can be started (a pids limit reached)
+            _count("busy")
+            raise Refused("busy", path, "no reader thread could be started") from None
         if not job.done.acquire(timeout=timeout):
             with self.lock:
                 if not job.finished:

@@ -108,3 +108,18 @@ def test_a_stuck_file_is_read_again_once_its_read_has_returned(hung: HungFile) -
     hung.stop()  # the kernel aborts the waiting read; the file is the plain one again
     wait_until(lambda: hostread.stuck() == 0, 5, "the aborted read to return")
     assert hostread.read_text(hung.path) == "960\n"
+
+
+def test_past_max_stuck_reads_every_other_file_is_refused_as_busy(
+    hung: HungFile, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(hostread, "MAX_STUCK", 1)
+    other = tmp_path / "in1_input"
+    other.write_text("5064\n")
+    assert _refused(hung.path, timeout=0.2) == "timeout"
+    before = hostread.failures()
+    assert _refused(other) == "busy"  # no more threads are handed to host files
+    assert _delta(before) == {"busy": 1}
+    hung.stop()
+    wait_until(lambda: hostread.stuck() == 0, 5, "the aborted read to return")
+    assert hostread.read_text(other, timeout=30) == "5064\n"
