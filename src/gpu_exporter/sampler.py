@@ -65,6 +65,7 @@ class Sampler:
         self.bounds = SampleBounds()  # labels and values bounded before anything serves or sends them
         # monotonic: when the newest cycle in which at least one backend read ended (first: when it started)
         self._fresh: float | None = None
+        self._said_stale = False  # logged once when seen stale, once when reading again
 
     def collect_once(self) -> Sample:
         started = self._monotonic()
@@ -93,6 +94,9 @@ class Sampler:
             self.last_success = timestamp
         if fresh:
             self._fresh = self._monotonic()
+            if self._said_stale:
+                self._said_stale = False
+                log.info("the backends read again: the sampler is no longer stale")
         for listener in self.listeners:
             try:
                 listener(sample)
@@ -111,7 +115,15 @@ class Sampler:
     def stale(self) -> bool:
         """Stuck or failing: no backend has read for ``stale_after()`` seconds."""
         age = self.age()
-        return age is not None and age > self.stale_after()
+        stale = age is not None and age > self.stale_after()
+        if stale and not self._said_stale:
+            self._said_stale = True
+            log.warning(
+                "no backend has read for %.0fs (a call that does not return, or every read failing): "
+                "/readyz answers 503 and the page holds no GPU series until one reads",
+                age,
+            )
+        return stale
 
     def run(self) -> None:
         next_tick = self._monotonic()

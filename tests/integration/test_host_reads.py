@@ -225,6 +225,7 @@ def test_a_sampler_stuck_in_a_vendor_call_is_unready_and_its_page_stale_and_sigt
         assert page["gpu_exporter_sampler_stale"] == 1
         assert not [name for name in page if name.startswith("gpu_") and not name.startswith("gpu_exporter_")]
         assert "process_resident_memory_bytes" in page  # the agent's own metrics, as they are now
+        assert "no backend has read for" in log_path.read_text()  # and the log says so
     finally:
         code = stop_process(proc, timeout=15)
     assert code == 0, log_path.read_text()[-3000:]
