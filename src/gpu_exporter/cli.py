@@ -135,13 +135,14 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     view = _view(config, attributor)
     exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
     sampler = Sampler(backends, ring, config.interval, [exposition.update])
+    exposition.stale = sampler.stale
     registry.register(AgentCollector(sampler, ring, backends))
     selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
 
     forwarder: Any = None
 
     def ready() -> tuple[bool, str]:
-        return readiness(ring, exposition, backends, forwarder)
+        return readiness(ring, exposition, backends, forwarder, sampler)
 
     try:
         web = load_web_config(config.web_config_file)
@@ -217,11 +218,16 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     return 0
 
 
-def readiness(ring: Any, exposition: Any, backends: Sequence[Any], forwarder: Any) -> tuple[bool, str]:
-    """/readyz: the page holds a sample, a GPU answers, and forwarding (when on) works.
+def readiness(
+    ring: Any, exposition: Any, backends: Sequence[Any], forwarder: Any, sampler: Any = None
+) -> tuple[bool, str]:
+    """/readyz: the page holds a sample, the sampler is not stale, a GPU answers, and forwarding (when on)
+    works.
 
     The page, not the ring: the sampler fills the ring before its listeners render the page, and a
     scrape in between would get an empty 200."""
+    if sampler is not None and sampler.stale():
+        return False, f"no GPU read for {sampler.age():.0f}s: the sampler is stuck or failing"
     if ring.latest() is None or exposition.last_sample is None:
         return False, "no sample yet"
     if not any(b.healthy() for b in backends):

@@ -1,7 +1,8 @@
 """The Prometheus page: rendered once per sample, served as stored bytes (and pre-gzipped).
 
 A scrape never calls a vendor library and never renders: it copies a reference under a lock and
-writes bytes. Device metrics are rendered by a catalog-driven renderer through a ``View`` (which names
+writes bytes (but for a stale sampler, whose page is the agent's own metrics alone, made at most once a
+second). Device metrics are rendered by a catalog-driven renderer through a ``View`` (which names
 and scales each catalog key); the agent's own metrics come from a prometheus_client registry whose
 collectors build families fresh from live state.
 """
@@ -11,13 +12,14 @@ from __future__ import annotations
 import gzip
 import logging
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from gpu_exporter import __version__, catalog, openmetrics
+from gpu_exporter import __version__, catalog, hostread, openmetrics
 from gpu_exporter.backends.base import Backend
 from gpu_exporter.buildinfo import build_info_family
 from gpu_exporter.catalog import name_filter
@@ -213,6 +215,27 @@ class AgentCollector:
             "Unix time of the last collect cycle in which every backend read.",
             value=s.last_success,
         )
+        yield GaugeMetricFamily(
+            "gpu_exporter_sampler_stale",
+            "1 while no backend has read for 3 intervals (10 s at least): the sampler is stuck or failing, "
+            "and the page holds no GPU series.",
+            value=1 if s.stale() else 0,
+        )
+        host = CounterMetricFamily(
+            "gpu_exporter_host_read_failures",
+            "Host file reads (sysfs, procfs) refused: not_regular (a FIFO or device), too_large (over the "
+            "cap), timeout (no answer in time), stuck (an earlier read of the file has not returned), busy "
+            "(too many reads stuck).",
+            labels=["reason"],
+        )
+        for reason, count in hostread.failures().items():
+            host.add_metric([reason], count)
+        yield host
+        yield GaugeMetricFamily(
+            "gpu_exporter_host_reads_stuck",
+            "Host files whose read has not returned; each holds one reader thread.",
+            value=hostread.stuck(),
+        )
         healthy = GaugeMetricFamily(
             "gpu_exporter_backend_healthy",
             "1 while the backend has at least one answering device.",
@@ -239,10 +262,19 @@ Section = Callable[[], str]
 class Exposition:
     """Holds the current page; ``update`` is the sampler's listener."""
 
-    def __init__(self, registry: CollectorRegistry, view: View, sections: Sequence[Section] = ()) -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry,
+        view: View,
+        sections: Sequence[Section] = (),
+        stale: Callable[[], bool] | None = None,
+    ) -> None:
         self.registry = registry
         self.view = view
         self.sections = list(sections)
+        self.stale = stale  # the sampler's stale(): while True, serve the agent's own metrics alone
+        self._stale_lock = threading.Lock()
+        self._stale_page: tuple[float, bytes, bytes] | None = None  # (monotonic made, plain, gzip)
         self._lock = threading.Lock()
         self._plain = b""
         self._gzip = gzip.compress(b"")
@@ -266,13 +298,30 @@ class Exposition:
             self._plain, self._gzip, self.last_sample, self._om = plain, packed, sample, om
 
     def page(self, accept_gzip: bool) -> bytes:
+        if self.stale is not None and self.stale():
+            plain, packed = self._stale()
+            return packed if accept_gzip else plain
         with self._lock:
             return self._gzip if accept_gzip else self._plain
+
+    def _stale(self) -> tuple[bytes, bytes]:
+        """The page of a stale sampler: no GPU series (its values are old; absent, Prometheus marks them
+        stale), the agent's own metrics as they are now. Made at most once a second, by one scrape."""
+        with self._stale_lock:
+            made = self._stale_page
+            now = time.monotonic()
+            if made is None or now - made[0] >= 1.0:
+                plain = generate_latest(self.registry)
+                made = self._stale_page = (now, plain, gzip.compress(plain, compresslevel=6, mtime=0))
+            return made[1], made[2]
 
     def openmetrics_page(self, accept_gzip: bool) -> bytes:
         """The page in OpenMetrics. Made with each page from the first request on (until then nobody
         pays for it); the first request makes it from the current page."""
         self.openmetrics_asked = True
+        if self.stale is not None and self.stale():
+            text = _openmetrics(self._stale()[0])
+            return text[1] if accept_gzip else text[0]
         with self._lock:
             plain, om = self._plain, self._om
         if om is None:

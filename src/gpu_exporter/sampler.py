@@ -3,6 +3,10 @@
 The schedule is kept on the monotonic clock (tick k is at start + k * interval), so a slow cycle does
 not shift later ones; ticks that a cycle overran entirely are skipped and counted rather than bunched.
 The sampler is the only caller of vendor libraries.
+
+A sampler that is stuck (a vendor call that never returns) or failing (every backend raises) is *stale*
+once no backend has read for ``STALE_INTERVALS`` intervals (``STALE_MIN`` seconds at least): /readyz
+answers 503 and the page serves no GPU series, only the agent's own (``gpu_exporter_sampler_stale 1``).
 """
 
 from __future__ import annotations
@@ -22,6 +26,9 @@ __all__ = ["Sampler"]
 log = logging.getLogger(__name__)
 
 Listener = Callable[[Sample], None]
+
+STALE_INTERVALS = 3  # intervals without a backend reading before the sampler is stale ...
+STALE_MIN = 10.0  # ... and at least this many seconds: a busy node's slow cycle is not a stuck sampler
 
 
 class Sampler:
@@ -56,15 +63,22 @@ class Sampler:
         self.overruns = 0
         self.failures = 0  # backend.read() raised (a bug): counted, the loop goes on
         self.bounds = SampleBounds()  # labels and values bounded before anything serves or sends them
+        # monotonic: when the newest cycle in which at least one backend read ended (first: when it started)
+        self._fresh: float | None = None
+        self._said_stale = False  # logged once when seen stale, once when reading again
 
     def collect_once(self) -> Sample:
         started = self._monotonic()
         timestamp = self._wall()
         devices: list[DeviceSample] = []
         ok = True
+        fresh = not self.backends
+        if self._fresh is None:
+            self._fresh = started
         for backend in self.backends:
             try:
                 devices.extend(backend.read())
+                fresh = True
             except Exception:
                 ok = False
                 self.failures += 1
@@ -78,12 +92,38 @@ class Sampler:
         self.last_duration = duration
         if ok:
             self.last_success = timestamp
+        if fresh:
+            self._fresh = self._monotonic()
+            if self._said_stale:
+                self._said_stale = False
+                log.info("the backends read again: the sampler is no longer stale")
         for listener in self.listeners:
             try:
                 listener(sample)
             except Exception:
                 log.exception("a sample listener failed")
         return sample
+
+    def age(self) -> float | None:
+        """Seconds since a backend last read (since the first cycle began, before one has); None before."""
+        fresh = self._fresh
+        return None if fresh is None else max(0.0, self._monotonic() - fresh)
+
+    def stale_after(self) -> float:
+        return max(STALE_INTERVALS * self.interval, STALE_MIN)
+
+    def stale(self) -> bool:
+        """Stuck or failing: no backend has read for ``stale_after()`` seconds."""
+        age = self.age()
+        stale = age is not None and age > self.stale_after()
+        if stale and not self._said_stale:
+            self._said_stale = True
+            log.warning(
+                "no backend has read for %.0fs (a call that does not return, or every read failing): "
+                "/readyz answers 503 and the page holds no GPU series until one reads",
+                age,
+            )
+        return stale
 
     def run(self) -> None:
         next_tick = self._monotonic()

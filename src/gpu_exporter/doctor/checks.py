@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter import hostread
 from gpu_exporter.config import Config
 
 __all__ = ["CHECKS", "FAIL", "OK", "SKIP", "WARN", "Node", "Result", "skipped_vendor"]
@@ -200,7 +201,7 @@ def pod_attribution(node: Node) -> Result:
         return Result(name, SKIP, "pod attribution off (--k8s.pod-attribution=false)")
     cgroup = Path(c.path_procfs) / "1" / "cgroup"
     try:
-        text = cgroup.read_text()
+        text = hostread.read_text(cgroup)
     except OSError as exc:
         return Result(
             name, FAIL, f"cannot read {cgroup}: {exc.strerror}", "mount the host's /proc and set --path.procfs"
@@ -228,7 +229,7 @@ def pod_attribution(node: Node) -> Result:
 
 def _kernel_threads(procfs: Path) -> bool:
     try:
-        return (procfs / "2" / "comm").read_text().strip() == "kthreadd"
+        return hostread.read_text(procfs / "2" / "comm").strip() == "kthreadd"
     except OSError:
         return False
 

@@ -33,6 +33,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from gpu_exporter import hostread
+
 __all__ = ["SpoolClock", "boot_id", "boottime"]
 
 log = logging.getLogger(__name__)
@@ -53,8 +55,7 @@ def boottime() -> float:
 def boot_id() -> str:
     """The machine's boot id (Linux), "" where there is none: every start then counts as a reboot."""
     try:
-        with open("/proc/sys/kernel/random/boot_id") as handle:
-            return handle.read(64).strip()
+        return hostread.read_text("/proc/sys/kernel/random/boot_id", cap=64).strip()
     except OSError:
         return ""
 

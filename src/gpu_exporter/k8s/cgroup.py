@@ -19,6 +19,8 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter import hostread
+
 __all__ = ["ContainerCgroup", "parse_cgroup", "read_pid"]
 
 _UID = r"[0-9a-f]{8}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{4}[-_][0-9a-f]{12}"
@@ -57,7 +59,7 @@ def parse_cgroup(text: str) -> ContainerCgroup | None:
 def read_pid(procfs: str | Path, pid: int) -> ContainerCgroup | None:
     """Read and parse ``<procfs>/<pid>/cgroup``; None when the process is gone or not in a pod."""
     try:
-        text = (Path(procfs) / str(pid) / "cgroup").read_text(encoding="utf-8", errors="replace")
+        text = hostread.read_text(Path(procfs) / str(pid) / "cgroup")  # bounded: never /dev/zero whole
     except OSError:
         return None
     return parse_cgroup(text)

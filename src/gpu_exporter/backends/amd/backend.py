@@ -36,6 +36,7 @@ __all__ = ["AmdBackend", "create"]
 log = logging.getLogger("gpu_exporter.backends.amd")  # the name its log lines have always had
 
 # amdsmi_status_t codes from amdsmi.h (stable ABI values; the package does not re-export them)
+CLOSE_WAIT = 2.0  # seconds close() waits for a read in flight
 STATUS_NOT_SUPPORTED = 2
 STATUS_NOT_YET_IMPLEMENTED = 3
 STATUS_NO_PERM = 10
@@ -248,8 +249,15 @@ class AmdBackend:
         self._initialised = False
 
     def close(self) -> None:
-        with self._lock:
+        # A read in flight holds the lock; a stop waits for it a moment, never for a call that hangs in
+        # the driver (the process ends anyway, and shutting the library down under that call is unsafe).
+        if not self._lock.acquire(timeout=CLOSE_WAIT):
+            log.warning("a read of AMD SMI is still running after %gs: stopping without shutting it down", CLOSE_WAIT)
+            return
+        try:
             self._shutdown()
+        finally:
+            self._lock.release()
 
     def healthy(self) -> bool:
         return self._initialised and any(c.live.up for c in self._cards)

@@ -23,17 +23,26 @@ read on a board (no load, no GPU thermal zone, no rail, NVML absent) is named in
 from __future__ import annotations
 
 import logging
-import os
-import re
 import threading
 from collections import Counter
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from gpu_exporter import hostread
 from gpu_exporter.backends import simple
 from gpu_exporter.backends.base import BackendError, NoDevicesError
 from gpu_exporter.backends.jetson import procs as jetson_procs
+from gpu_exporter.backends.jetson.board import (
+    GPU_RAILS,
+    INPUT_RAILS,
+    GpuNode,
+    Rail,
+    _read,
+    _safe_read,
+    find_gpu,
+    find_gpu_thermal_zone,
+    find_rails,
+)
 from gpu_exporter.backends.jetson.nvml import ThorNvml
 from gpu_exporter.backends.simple import Simple
 from gpu_exporter.config import Config
@@ -43,22 +52,7 @@ __all__ = ["JetsonBackend", "create", "find_gpu"]
 
 log = logging.getLogger("gpu_exporter.backends.jetson")  # the name its log lines have always had
 
-# device-tree node names of Jetson GPUs: gm20b (Nano, TX1), gp10b (TX2), gv11b (Xavier), ga10b (Orin)
-CHIP_NAMES = frozenset({"gm20b", "gp10b", "gv11b", "ga10b"})
-# a node merely called "gpu" (Nano, Orin on JetPack 6) is also what Mali boards (Rockchip, Allwinner)
-# call theirs, so it counts only when the device tree says NVIDIA
-GPU_NODE_NAMES = CHIP_NAMES | {"gpu"}
-INPUT_RAILS = ("VDD_IN", "VIN", "POM_5V_IN")  # the whole module's input
-GPU_RAILS = ("GPU", "VDD_GPU", "POM_5V_GPU")  # rails that feed the GPU alone
-# the GPU driver a Jetson's devfreq device is bound to (nvgpu registers its platform driver as gk20a)
-GPU_DRIVERS = frozenset({"gk20a", "nvgpu"}) | CHIP_NAMES
-# ``devices/soc0/soc_id`` of Tegra SoCs (the chip ID in decimal) -> their GPU
-SOC_CHIPS = {"33": "gm20b", "24": "gp10b", "25": "gv11b", "35": "ga10b", "38": "tegra264"}
-# Thor's GPU clock domains (JetPack 7); ``gpu-nvd-<N>`` beside them is the video decoder, not the GPU
-_THOR_NODE = re.compile(r"gpu-gpc-[0-9]+")
-INPUT_MONITOR = "ina238"  # Thor's carrier board: one channel on the board's input, power in microwatts
-# load files for boards whose devfreq device is not the folder that holds ``load`` (Nano, TX1)
-_LEGACY_LOAD = ("devices/gpu.0/load", "devices/platform/gpu.0/load")
+CLOSE_WAIT = 2.0  # seconds close() waits for a read in flight before leaving Thor's NVML as it is
 _MEMINFO_KEYS = frozenset({"MemTotal", "MemAvailable", "NvMapMemUsed"})
 # Tegra thermal zones read -256 °C when the sensor is powered off
 _NO_READING_MILLI_C = -100_000
@@ -80,164 +74,6 @@ SIMPLE_READS = simple.by_group(
     # readings are whole m°C: above _NO_READING_MILLI_C
     Simple("temp_gpu", "temperature", ("thermal", "temp"), divide=1000, low=_NO_READING_MILLI_C + 1),
 )
-
-
-def _read(path: Path) -> str:
-    """A sysfs attribute as text, without device-tree NUL terminators or the trailing newline."""
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        return handle.read(4096).replace("\x00", " ").strip()
-
-
-def _first_word(path: Path) -> str:
-    try:
-        return _read(path).split(" ")[0]
-    except OSError:
-        return ""
-
-
-@dataclass(frozen=True)
-class GpuNode:
-    devfreq: Path  # class/devfreq/<node>
-    chip: str  # gm20b, gv11b, ga10b..., tegra264 (Thor: the SoC, its GPU has no device-tree name)
-    load: Path | None
-    stack: str = "nvgpu"  # the GPU driver: nvgpu, or nvidia (nvidia.ko, Thor), whose NVML answers
-
-
-@dataclass(frozen=True)
-class Rail:
-    name: str
-    power: Path | None  # IIO in_power<N>_input (milliwatts), INA238 power1_input (microwatts)
-    voltage: Path | None  # hwmon in<N>_input, millivolts
-    current: Path | None  # hwmon curr<N>_input, milliamperes
-    per_watt: float = 1000  # units of ``power`` in a watt
-
-
-def find_gpu(sysfs: Path) -> GpuNode | None:
-    """The Jetson GPU's devfreq node under ``sysfs``, or None."""
-    devfreq = sysfs / "class" / "devfreq"
-    try:
-        entries = sorted(devfreq.iterdir())
-    except OSError:
-        return None
-    tegra = _first_word(sysfs / "devices" / "soc0" / "family") == "Tegra"
-    thor = _find_thor(sysfs, entries, tegra)
-    if thor is not None:
-        return thor
-    for entry in entries:
-        of_node = entry / "device" / "of_node"
-        node_name = _first_word(of_node / "name")
-        suffix = entry.name.rpartition(".")[2]
-        driver = _link_name(entry / "device" / "driver")
-        if node_name not in GPU_NODE_NAMES and suffix not in GPU_NODE_NAMES and not (tegra and driver in GPU_DRIVERS):
-            continue
-        compatible = _first_word(of_node / "compatible")  # "nvidia,ga10b" or "nvidia,tegra210-gm20b"
-        named_chip = node_name in CHIP_NAMES or suffix in CHIP_NAMES
-        if not named_chip and not tegra and not _is_nvidia(sysfs, compatible):
-            log.debug("devfreq %s is a GPU but not an NVIDIA one (%s)", entry.name, compatible or "?")
-            continue
-        if tegra and compatible and not compatible.startswith("nvidia,"):
-            continue  # another vendor's GPU next to a Tegra (not known to exist, but never take it)
-        chip = compatible.partition(",")[2].rpartition("-")[2] if "," in compatible else ""
-        if not chip and suffix in CHIP_NAMES:
-            chip = suffix
-        if not chip and node_name in CHIP_NAMES:
-            chip = node_name
-        if not chip and tegra:  # the device tree is masked: the SoC names the GPU
-            chip = SOC_CHIPS.get(_first_word(sysfs / "devices" / "soc0" / "soc_id"), "")
-        chip = chip or node_name or entry.name
-        load: Path | None = None
-        for candidate in (entry / "device" / "load", *(sysfs / p for p in _LEGACY_LOAD)):
-            if candidate.exists():
-                load = candidate
-                break
-        return GpuNode(entry, chip, load)
-    return None
-
-
-def _find_thor(sysfs: Path, entries: list[Path], tegra: bool) -> GpuNode | None:
-    """Jetson Thor's GPU: its first ``gpu-gpc-<N>`` devfreq node on a Tegra (or an NVIDIA device tree).
-
-    The node has no device-tree name of the kind the older GPUs have, so the SoC names the chip: the
-    board's ``compatible`` (``nvidia,tegra264``), or where the device tree is masked ``soc0/soc_id``.
-    """
-    board = _safe_read(sysfs / "firmware" / "devicetree" / "base" / "compatible")
-    if not tegra and "nvidia," not in board:
-        return None
-    for entry in entries:
-        if _THOR_NODE.fullmatch(entry.name):
-            socs = [word.partition(",")[2] for word in board.split() if word.startswith("nvidia,tegra")]
-            soc_id = _first_word(sysfs / "devices" / "soc0" / "soc_id")
-            chip = socs[-1] if socs else SOC_CHIPS.get(soc_id, entry.name)
-            load = next((c for c in (entry / "load", entry / "device" / "load") if c.exists()), None)
-            return GpuNode(entry, chip, load, stack="nvidia")
-    return None
-
-
-def _link_name(path: Path) -> str:
-    """The last element of a symlink's target (``device/driver`` -> ``gk20a``), or ""."""
-    try:
-        return os.readlink(path).rstrip("/").rpartition("/")[2]
-    except OSError:
-        return ""
-
-
-def _is_nvidia(sysfs: Path, compatible: str) -> bool:
-    """The GPU node, or failing that the board, is NVIDIA's according to the device tree."""
-    if compatible:
-        return compatible.startswith("nvidia,")
-    board = _safe_read(sysfs / "firmware" / "devicetree" / "base" / "compatible")
-    return "nvidia," in board
-
-
-def _monitors(sysfs: Path, patterns: tuple[str, ...], chip: str = "ina3221") -> list[Path]:
-    """Monitor folders (INA3221 by default) matching the glob patterns, each once, in a stable order."""
-    seen: dict[str, Path] = {}
-    for pattern in patterns:
-        for folder in sorted(sysfs.glob(pattern)):
-            if _first_word(folder / "name").startswith(chip):
-                seen.setdefault(os.path.realpath(folder), folder)
-    return list(seen.values())
-
-
-def find_rails(sysfs: Path) -> list[Rail]:
-    """Named supply rails of every INA3221 on the board (JetPack 5+ hwmon, JetPack 4 IIO), then Thor's INA238.
-
-    A channel labelled ``NC`` is not connected (AGX Orin's second monitor), and "sum of shunt voltages" is
-    no rail. The INA238 has one channel, the input of NVIDIA's Thor carrier board: named by its hwmon
-    ``label`` where the device tree gives one, else ``VIN``.
-    """
-    rails: list[Rail] = []
-    hwmon = ("class/hwmon/hwmon*", "bus/i2c/devices/*/hwmon/hwmon*")
-    for folder in _monitors(sysfs, hwmon):
-        for label in sorted(folder.glob("in*_label")):
-            channel = label.name[2 : -len("_label")]
-            name = _first_word(label) if channel.isdigit() else ""
-            if not name or name == "NC" or "sum of shunt" in _safe_read(label).lower():
-                continue
-            rails.append(Rail(name, None, folder / f"in{channel}_input", folder / f"curr{channel}_input"))
-    for folder in _monitors(sysfs, ("bus/iio/devices/iio:device*", "bus/i2c/devices/*/iio:device*")):
-        for label in sorted(folder.glob("rail_name_*")):
-            channel = label.name.rpartition("_")[2]
-            name = _first_word(label)
-            if name and channel.isdigit():
-                rails.append(Rail(name, folder / f"in_power{channel}_input", None, None))
-    for folder in _monitors(sysfs, hwmon, INPUT_MONITOR):
-        rails.append(Rail(_first_word(folder / "label") or "VIN", folder / "power1_input", None, None, 1e6))
-    return rails
-
-
-def _safe_read(path: Path) -> str:
-    try:
-        return _read(path)
-    except OSError:
-        return ""
-
-
-def find_gpu_thermal_zone(sysfs: Path) -> Path | None:
-    for zone in sorted((sysfs / "class" / "thermal").glob("thermal_zone*")):
-        if _safe_read(zone / "type").lower().startswith("gpu"):
-            return zone
-    return None
 
 
 class JetsonBackend:
@@ -325,11 +161,16 @@ class JetsonBackend:
         return unread
 
     def close(self) -> None:
-        with self._lock:
-            self._gpu = None
-            if self._thor is not None:
-                self._thor.close()
-                self._thor = None
+        # A read in flight holds the lock, and a stop must not wait for it: the GPU goes at once, and
+        # Thor's NVML is shut down only if the sampler lets go of the lock soon (never under its call).
+        self._gpu = None
+        if self._lock.acquire(timeout=CLOSE_WAIT):
+            try:
+                if self._thor is not None:
+                    self._thor.close()
+                    self._thor = None
+            finally:
+                self._lock.release()
 
     def healthy(self) -> bool:
         return self._gpu is not None and self._last_up
@@ -431,12 +272,11 @@ class JetsonBackend:
     ) -> None:
         fields: dict[str, int] = {}
         try:
-            with open(self._procfs / "meminfo", encoding="ascii", errors="replace") as handle:
-                for line in handle:
-                    key, _, rest = line.partition(":")
-                    parts = rest.split()
-                    if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
-                        fields[key] = int(parts[0]) * 1024  # kB
+            for line in hostread.read_text(self._procfs / "meminfo", encoding="ascii").splitlines():
+                key, _, rest = line.partition(":")
+                parts = rest.split()
+                if key in _MEMINFO_KEYS and parts and parts[0].isdigit():
+                    fields[key] = int(parts[0]) * 1024  # kB
         except OSError as exc:
             log.debug("meminfo: %s", exc)
         if "MemTotal" not in fields or "MemAvailable" not in fields:

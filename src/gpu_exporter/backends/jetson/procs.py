@@ -23,6 +23,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from gpu_exporter import hostread
+
 __all__ = ["NVMAP_CLIENTS", "GpuProcesses", "ProcessScanner", "is_gpu_node", "nvmap_clients", "scan"]
 
 log = logging.getLogger("gpu_exporter.backends.jetson_procs")  # the name its log lines have always had
@@ -30,6 +32,7 @@ log = logging.getLogger("gpu_exporter.backends.jetson_procs")  # the name its lo
 NVMAP_CLIENTS = ("kernel", "debug", "nvmap", "iovmm", "clients")  # under sysfs
 _NVGPU_DIR = "/dev/nvgpu/"
 _MAX_FDS = 4096  # per process: a process with more open files is read only this far
+_NVMAP_CAP = 1 << 20  # bytes of nvmap's table: some 15,000 clients; a longer one is refused (hostread)
 
 
 def is_gpu_node(target: str) -> bool:
@@ -123,7 +126,7 @@ def nvmap_clients(sysfs: Path) -> tuple[dict[int, int], int | None] | None:
         total                                               300000K
     """
     try:
-        text = Path(sysfs, *NVMAP_CLIENTS).read_text(encoding="ascii", errors="replace")
+        text = hostread.read_text(Path(sysfs, *NVMAP_CLIENTS), cap=_NVMAP_CAP, encoding="ascii")
     except OSError:
         return None
     by_pid: dict[int, int] = {}

@@ -282,3 +282,31 @@ def test_real_package_without_rocm_library_gives_library_not_found(tmp_path):
     assert len(lines) == 1, lines
     assert lines[0].startswith("ERR AMD SMI library not found (libamd_smi.so)")
     assert "/dev/kfd" in lines[0]
+
+
+def test_close_does_not_wait_for_a_call_that_hangs_in_the_driver(monkeypatch: pytest.MonkeyPatch) -> None:
+    """SIGTERM's path: close() while the sampler is inside an AMD SMI call that does not return. It waits
+    CLOSE_WAIT, then leaves the library as it is (shutting it down under a running call is unsafe)."""
+    import threading
+
+    monkeypatch.setattr(amd, "CLOSE_WAIT", 0.1)
+    backend, fake = opened(mi300x(0))
+    inside, release = threading.Event(), threading.Event()
+    answer = fake.amdsmi_get_gpu_activity
+
+    def hangs(handle: object) -> object:
+        inside.set()
+        release.wait(30)
+        return answer(handle)
+
+    monkeypatch.setattr(fake, "amdsmi_get_gpu_activity", hangs)
+    reading = threading.Thread(target=backend.read, daemon=True)
+    reading.start()
+    try:
+        assert inside.wait(10)
+        backend.close()
+        assert reading.is_alive(), "close() waited for the call to return"
+        assert fake.calls["amdsmi_shut_down"] == 0
+    finally:
+        release.set()
+        reading.join(10)
