@@ -146,6 +146,14 @@ class BridgeMetrics:
             "Time the MQTT network thread waited because --bridge.max-inflight or --bridge.max-inflight-bytes "
             "was reached (meanwhile the broker keeps the messages).",
         )
+        self.takeovers = m.counter(
+            "session_takeovers",
+            "Connections the broker closed because another client connected with the bridge's client id, by "
+            "evidence: reason (MQTT 5 Session taken over), pattern (closed soon after connecting, again and "
+            "again, without a reason).",
+            ["evidence"],
+            known=("reason", "pattern"),
+        )
         self.redeliveries = m.counter(
             "redeliveries_skipped",
             "Messages the broker sent again (after a reconnection) while the bridge still held them.",

@@ -39,6 +39,7 @@ from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
 from gpu_exporter.bridge.refusals import Refusals
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
+from gpu_exporter.bridge.session import Session
 from gpu_exporter.bridge.settings import BridgeSettings, connect_properties, link_settings, new_nodes_burst
 from gpu_exporter.bridge.twins import Twins
 from gpu_exporter.mqtt.client import new_client, reread_password_on_reconnect
@@ -107,6 +108,7 @@ class Bridge:
         )
         self.link = link_settings(settings)  # ConfigError when a TLS file does not load
         self._host, self._port = self.link.host, self.link.port
+        self.session = Session(f"{self._host}:{self._port}", settings.client_id, self.metrics.takeovers, self.log)
         prefix = settings.topic_prefix.rstrip("/")
         self.batch_topic = f"{prefix}/+/batch"
         if settings.group:
@@ -149,14 +151,26 @@ class Bridge:
         self._client.loop_start()
         self._thread.start()
 
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: not ready while the broker has been unreachable, or remote writes have failed, for
+        --bridge.readiness-timeout (and until first subscribed)."""
+        why = self.session.unready(self.settings.readiness_timeout)
+        if why is None:
+            failing = self._writer.failing_for()
+            if failing is not None and failing >= self.settings.readiness_timeout:
+                why = f"remote writes to {self._writer.url} failing for {failing:.0f}s ({self._writer.last_failure})"
+        return (False, why) if why else (True, "ready")
+
     def wait_connected(self, timeout: float) -> bool:
         """True once connected and subscribed."""
         return self._connected.wait(timeout)
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         if rc.is_failure:
+            self.session.failed(f"refused: {rc}")
             log.warning("MQTT broker %s:%d refused the connection: %s", self._host, self._port, rc)
             return
+        self.session.connected()
         log.info(
             "connected to MQTT broker %s:%d (session present: %s)",
             self._host,
@@ -177,12 +191,14 @@ class Bridge:
                 self.batch_topic,
             )
         self.new_nodes.subscribed()
+        self.session.subscribed()
         # Connected means receiving: before the SUBACK, a batch published now reaches no session of
         # the bridge's (on its first connection there is none yet), so the gauge waits for it too.
         self.metrics.connected.set(1)
         self._connected.set()
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        self.session.failed("cannot connect")
         now = time.monotonic()
         if now - self._last_fail_log >= 60.0:  # paho retries every few seconds: say it once a minute
             self._last_fail_log = now
@@ -191,7 +207,11 @@ class Bridge:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         self.metrics.connected.set(0)
         self._connected.clear()
-        if not self._stop.is_set():
+        if self._stop.is_set():
+            return
+        code = rc.value if isinstance(rc, ReasonCode) else None
+        from_broker = bool(getattr(flags, "is_disconnect_packet_from_server", False))
+        if not self.session.lost(code, from_broker, str(rc)):  # a takeover is logged there
             log.warning("disconnected from MQTT broker %s:%d (%s); reconnecting", self._host, self._port, rc)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
