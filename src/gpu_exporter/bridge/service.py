@@ -61,7 +61,8 @@ class Bridge:
     def __init__(
         self, settings: BridgeSettings, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        """``clock`` (monotonic seconds) times the series window, the new-name rate and twin liveness."""
+        """``clock`` (monotonic seconds) times the series window, the new-name rate, twin liveness and
+        the MQTT side of readiness."""
         self.settings = settings
         self.metrics = BridgeMetrics(registry)
         self.liveness = Liveness()
@@ -108,7 +109,8 @@ class Bridge:
         )
         self.link = link_settings(settings)  # ConfigError when a TLS file does not load
         self._host, self._port = self.link.host, self.link.port
-        self.session = Session(f"{self._host}:{self._port}", settings.client_id, self.metrics.takeovers, self.log)
+        where = f"{self._host}:{self._port}"
+        self.session = Session(where, settings.client_id, self.metrics.takeovers, self.log, clock)
         prefix = settings.topic_prefix.rstrip("/")
         self.batch_topic = f"{prefix}/+/batch"
         if settings.group:
