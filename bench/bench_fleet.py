@@ -635,7 +635,7 @@ def main() -> int:
                     flush=True,
                 )
         results += [median_result(v) for v in runs.values()]
-    extra = " ".join(args.bridge_arg) or "default options"
+    extra = "default options and the fleet's --bridge.max-series" + "".join(f" {a}" for a in args.bridge_arg)
     print_table(
         results,
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "
