@@ -19,6 +19,10 @@ Scenarios (--scenario):
            samples lost and duplicated per node.
   backlog  the broker stops, every node has --backlog (30) batches spooled, the broker restarts and the
            nodes reconnect at once: time until all is in the TSDB, bridge memory throughout.
+  rollout  steady, but the fleet connects --settle (15) s after the bridge subscribed, when the fleet's
+           introduction (retained status messages right after a start) is over: a DaemonSet rolled out
+           onto a running bridge. Its new names are admitted by the bridge's burst; the table's notes
+           give the names admitted, batches held back and dropped by admission.
 
 The default run (steady, 100/1,000/5,000 nodes, 1,600 GPU-samples/s offered at every size, a warm-up
 of one batch interval but at most 150 s, then 60 s measured) takes about 15 minutes on an idle 2-core
@@ -263,11 +267,11 @@ async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> boo
 
 
 def fleet_args(nodes: int) -> list[str]:
-    """The options an operator of a fleet this size sets (docs/bridge.md, Sizing): a fleet-wide series
-    budget for every node (an 8-GPU node is 848 series) and room for the whole fleet's names at once
-    (the default 10 new names a minute protects a bridge from a flood of invented names, not from its
-    own fleet's first start). A later --bridge-arg overrides them."""
-    return [f"--bridge.max-series={max(300_000, nodes * 1000)}", f"--bridge.new-nodes-per-minute={max(10, nodes)}"]
+    """The option an operator of a fleet this size sets (docs/bridge.md, Sizing): a fleet-wide series
+    budget for every node (an 8-GPU node is 848 series), which also sizes the burst of new node names
+    admitted at once (--bridge.new-nodes-burst, by default one per 100 series). A later --bridge-arg
+    overrides it."""
+    return [f"--bridge.max-series={max(300_000, nodes * 1000)}"]
 
 
 async def steady(
@@ -285,6 +289,8 @@ async def steady(
     res = Result(variant[0], nodes, bridges, offered)
     with Stack(workdir, bridges, group, fleet_args(nodes) + args.bridge_arg + variant[2], variant[1]) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
+        if scenario == "rollout":  # onto a running bridge, its fleet's introduction over
+            await asyncio.sleep(args.settle)
         step = max(1, nodes // args.probes)
         prober = Prober(stack.vm, set(range(0, nodes, step)))
         fleet = Fleet(settings, templates, on_ack=prober.acked)
@@ -327,6 +333,14 @@ async def steady(
         res.rows_stored = stack.vm.metric("vm_rows_inserted_total")
         res.lost, res.duplicated, res.nodes_lost, res.nodes_dup = count_check(stack.vm, fleet)
         await fleet.close()
+        if scenario == "rollout":
+            end = await asyncio.to_thread(stack.bridge_metrics)
+            res.extra["admission"] = (
+                f"{_sum(end, 'gpu_exporter_bridge_new_nodes_total'):,.0f} names admitted, "
+                f"{_sum(end, 'gpu_exporter_bridge_held_back_total'):,.0f} batches held back, "
+                f"{_sum(end, 'gpu_exporter_bridge_new_nodes_refused_total'):,.0f} dropped by admission, "
+                f"{_sum(end, 'gpu_exporter_bridge_series_limited_total'):,.0f} values refused by series limits"
+            )
 
         names = [stack.bridge_name(i) for i in range(bridges)]
         cpu = sum(stack.sampler.cpu_between(n, t0, t1) for n in names)
@@ -549,7 +563,7 @@ def variants(specs: list[str]) -> list[tuple[str, Path, list[str]]]:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--scenario", choices=("steady", "share", "kill", "backlog"), default="steady")
+    parser.add_argument("--scenario", choices=("steady", "share", "kill", "backlog", "rollout"), default="steady")
     parser.add_argument("--nodes", default="", help="comma-separated node counts (default per scenario)")
     load = parser.add_mutually_exclusive_group()
     load.add_argument("--rate", type=float, default=1600.0, help="offered GPU-samples/s (default %(default)s)")
@@ -573,6 +587,9 @@ def main() -> int:
     )
     parser.add_argument("--probes", type=int, default=40, help="lag probe nodes (default %(default)s)")
     parser.add_argument("--restart-after", type=float, default=5.0, help="kill: seconds before the restart")
+    parser.add_argument(
+        "--settle", type=float, default=15.0, help="rollout: seconds from the bridge's start to the fleet's"
+    )
     parser.add_argument("--backlog", type=int, default=30, help="backlog: batches spooled per node")
     parser.add_argument("--outage", type=float, default=30.0, help="backlog: seconds the broker is down at least")
     parser.add_argument("--drain-timeout", type=float, default=900.0, help="longest wait for the bridges to finish")
@@ -586,7 +603,7 @@ def main() -> int:
     )
     args = parser.parse_args()
 
-    defaults = {"steady": "100,1000,5000", "share": "1000", "kill": "1000", "backlog": "1000"}
+    defaults = {"steady": "100,1000,5000", "share": "1000", "kill": "1000", "backlog": "1000", "rollout": "1000"}
     sizes = [int(x.replace("_", "")) for x in (args.nodes or defaults[args.scenario]).split(",")]
     bridges = args.bridges or (2 if args.scenario in ("share", "kill") else 1)
     sources = variants(args.bridge_src)
@@ -618,7 +635,7 @@ def main() -> int:
                     flush=True,
                 )
         results += [median_result(v) for v in runs.values()]
-    extra = " ".join(args.bridge_arg) or "default options"
+    extra = "default options and the fleet's --bridge.max-series" + "".join(f" {a}" for a in args.bridge_arg)
     print_table(
         results,
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "

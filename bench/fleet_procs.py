@@ -239,6 +239,10 @@ _BRIDGE_METRICS = (
     "gpu_exporter_bridge_lag_seconds",
     "gpu_exporter_bridge_duplicate_samples_total",
     "gpu_exporter_bridge_samples_rejected_total",
+    "gpu_exporter_bridge_new_nodes_total",
+    "gpu_exporter_bridge_held_back_total",
+    "gpu_exporter_bridge_new_nodes_refused_total",
+    "gpu_exporter_bridge_series_limited_total",
 )
 
 

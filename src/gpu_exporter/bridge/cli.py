@@ -10,6 +10,7 @@ import errno
 import gc
 import logging
 import os
+import secrets
 import socket
 import sys
 import threading
@@ -96,7 +97,13 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         raise cfg.ConfigError("use either --remote-write.username or --remote-write.bearer-token-file, not both")
     if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
         raise cfg.ConfigError("--remote-write.tls.cert-file and --remote-write.tls.key-file go together")
-    client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}"
+    if config.bridge_state_dir and not config.bridge_client_id:
+        raise cfg.ConfigError(
+            "--bridge.state-dir needs --bridge.client-id: the record of what was written belongs to the session "
+            "kept under a stable client id (the default is new for every process)"
+        )
+    # a default unique to the process: two bridges on one host must not take each other's session
+    client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}-{secrets.token_hex(4)}"
     options = {f.name: getattr(config, f.metadata[OPTION]) for f in fields(BridgeSettings) if OPTION in f.metadata}
     return BridgeSettings(
         **options,
@@ -188,7 +195,7 @@ def run(
     watched = Watched((web_path,), every=2.0)  # before the read: a change while the bridge starts is seen
     try:
         web = load_web_config(web_path)
-        server = _server(listen, registry, web, config)
+        server = _server(listen, registry, web, config, bridge.ready)
     except ValueError as exc:
         return _fail(str(exc), 2)
     except OSError as exc:
@@ -200,6 +207,13 @@ def run(
     log.info(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
+    if config.mqtt_url and not config.bridge_client_id:  # settings_from made one up
+        log.warning(
+            "no --bridge.client-id: connecting as %r, an id of this process only; a restarted bridge starts a new "
+            "session, and what the broker kept for this one is not delivered to it. Give a stable id (the "
+            "manifest uses the pod name)",
+            settings.client_id,
+        )
     server.start()
     bridge.start()
     try:
@@ -211,7 +225,9 @@ def run(
     return 0
 
 
-def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cfg.Config) -> WebServer:
+def _server(
+    listen: str, registry: CollectorRegistry, web: WebConfig, config: cfg.Config, ready: Callable[[], tuple[bool, str]]
+) -> WebServer:
     """The bridge's /metrics on the shared endpoint (limits, TLS, basic auth); OSError when it cannot listen."""
     import gzip
 
@@ -232,9 +248,7 @@ def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cf
     def negotiate(accept: str | None) -> tuple[Callable[[bool], bytes], str]:
         return (openmetrics_page, CONTENT_TYPE) if accepts_openmetrics(accept) else (page, site.content_type)
 
-    site = Site(
-        "/metrics", page, lambda: (True, "ready"), title=f"gpu-exporter bridge {__version__}", negotiate=negotiate
-    )
+    site = Site("/metrics", page, ready, title=f"gpu-exporter bridge {__version__}", negotiate=negotiate)
     limits = Limits(config.web_max_connections, config.web_read_timeout, config.web_idle_timeout)
     server = WebServer(listen, site, web, limits)
     registry.register(ServerCollector(lambda: server, prefix="gpu_exporter_bridge"))

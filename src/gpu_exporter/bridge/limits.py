@@ -9,10 +9,11 @@ array (8 bytes, where a set of Python ints took about 60: a 1,000-node fleet of 
 7 MB instead of about 50). The converter asks only when a device's set of series changes, so a lookup
 by bisection costs nothing that matters.
 
-A new node name (one the bridge has no active series of) takes a token from a bucket that refills at
-``per_minute`` tokens a minute and holds as many, except the names the fleet introduces right after the
-bridge starts: batches that waited in the bridge's session, and names with a retained status message,
-which the broker sends on subscribing (``NewNodes``).
+A new node name (one the bridge has no active series of) takes a token from a bucket that holds
+``burst`` tokens and refills at ``per_minute`` tokens a minute, except the names the fleet introduces
+right after the bridge starts: batches that waited in the bridge's session, and names with a retained
+status message, which the broker sends on subscribing (``NewNodes``). A batch of a name without a token
+waits for one (``admission.py``).
 """
 
 from __future__ import annotations
@@ -112,13 +113,21 @@ class NewNodes:
     it was away. Then the fleet introduces itself with its retained status messages, which the broker
     sends on subscribing: while they come (until none came for ``QUIET`` seconds, at most
     ``INTRODUCTION`` seconds after subscribing) a name with a status message is admitted. Any other new
-    name takes a token from a bucket that holds ``per_minute`` and refills at that rate a minute.
+    name takes a token from a bucket that holds ``burst`` (``per_minute`` when not given) and refills at
+    ``per_minute`` a minute.
     """
 
-    def __init__(self, per_minute: int, clock: Callable[[], float] = time.monotonic, max_names: int = 100_000) -> None:
+    def __init__(
+        self,
+        per_minute: int,
+        clock: Callable[[], float] = time.monotonic,
+        max_names: int = 100_000,
+        burst: int | None = None,
+    ) -> None:
         self.per_minute = per_minute
+        self.burst = max(1, burst or per_minute)
         self._clock = clock
-        self._tokens = float(per_minute)
+        self._tokens = float(self.burst)
         self._at = clock()
         self._lock = threading.Lock()
         self._subscribed: float | None = None  # when the bridge first subscribed
@@ -164,7 +173,7 @@ class NewNodes:
                 return True
             if self._still_introducing(now) and node in self._introduced:
                 return True
-            self._tokens = min(float(self.per_minute), self._tokens + (now - self._at) * self.per_minute / 60.0)
+            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_minute / 60.0)
             self._at = now
             if self._tokens >= 1.0:
                 self._tokens -= 1.0

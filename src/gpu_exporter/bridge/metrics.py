@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
@@ -117,7 +117,19 @@ class BridgeMetrics:
         self.new_nodes = m.counter("new_nodes", "Node names the bridge started to write series for.")
         self.new_nodes_refused = m.counter(
             "new_nodes_refused",
-            "Batches dropped because their node name was new and --bridge.new-nodes-per-minute was reached.",
+            "Batches of new node names dropped because the waiting room for admission was full (half of "
+            "--bridge.max-inflight or --bridge.max-inflight-bytes).",
+        )
+        self.held_back = m.counter(
+            "held_back",
+            "Batches of new node names held back, unacknowledged, until their name is admitted "
+            "(--bridge.new-nodes-burst, --bridge.new-nodes-per-minute).",
+        )
+        self.held_back_messages = m.gauge("held_back_messages", "Batches of new node names waiting for admission.")
+        self.held_back_bytes = m.gauge("held_back_bytes", "Payload bytes of the batches waiting for admission.")
+        self.held_back_nodes = m.gauge("held_back_nodes", "New node names whose batches wait for admission.")
+        self.held_back_oldest = m.gauge(
+            "held_back_oldest_seconds", "How long the oldest batch waiting for admission has waited (0: none waits)."
         )
         self.active_series = m.gauge(
             "active_series", "Series counted against --bridge.max-series (active in the last 1-2 hours)."
@@ -134,10 +146,25 @@ class BridgeMetrics:
             "Time the MQTT network thread waited because --bridge.max-inflight or --bridge.max-inflight-bytes "
             "was reached (meanwhile the broker keeps the messages).",
         )
+        self.takeovers = m.counter(
+            "session_takeovers",
+            "Connections the broker closed because another client connected with the bridge's client id, by "
+            "evidence: reason (MQTT 5 Session taken over), pattern (closed soon after connecting, again and "
+            "again, without a reason).",
+            ["evidence"],
+            known=("reason", "pattern"),
+        )
         self.redeliveries = m.counter(
             "redeliveries_skipped",
             "Messages the broker sent again (after a reconnection) while the bridge still held them.",
         )
+
+    def watch_admission(self, usage: Callable[[], tuple[int, int, int]], oldest: Callable[[], float]) -> None:
+        """The held-back gauges, read from the admission's (names, messages, bytes) and oldest wait."""
+        self.held_back_nodes.set_function(lambda: usage()[0])
+        self.held_back_messages.set_function(lambda: usage()[1])
+        self.held_back_bytes.set_function(lambda: usage()[2])
+        self.held_back_oldest.set_function(oldest)
 
 
 class Liveness(Collector):

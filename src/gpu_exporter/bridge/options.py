@@ -28,7 +28,7 @@ __all__ = ["BRIDGE_OPTIONS", "REMOTE_WRITE_OPTIONS", "BridgeOptions", "RemoteWri
 @dataclass(frozen=True)
 class BridgeOptions:
     bridge_group: str = ""  # shared-subscription group; empty: one bridge takes everything
-    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>
+    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>-<random>, per process
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
@@ -38,6 +38,8 @@ class BridgeOptions:
     bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
     bridge_max_series: int = 300_000
     bridge_new_nodes_per_minute: int = 10
+    bridge_new_nodes_burst: int = 0  # 0: --bridge.max-series / 100
+    bridge_readiness_timeout: float = 30.0
     bridge_node_label: str = "node"
     bridge_series_cache: int = 750_000
     bridge_max_clock_skew: float = 300.0
@@ -75,7 +77,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
         "bridge_client_id",
         str,
         "bridge: MQTT client id; keep it stable across restarts, the session is kept under it "
-        "(default: gpu-exporter-bridge-<hostname>)",
+        "(default: gpu-exporter-bridge-<hostname>-<random>, new for every process)",
         "ID",
     ),
     Option(
@@ -163,10 +165,26 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
         "bridge.new-nodes-per-minute",
         "bridge_new_nodes_per_minute",
         int_between(1, 1_000_000),
-        "bridge: new node names it starts to write per minute (not counted for the fleet it hears right after "
-        "a start: its session's backlog and retained status messages); batches of further new names are "
-        "dropped and counted",
+        "bridge: new node names admitted per minute past --bridge.new-nodes-burst (not counted for the fleet "
+        "it hears right after a start: its session's backlog and retained status messages); batches of "
+        "further new names wait, unacknowledged, until their name is admitted",
         "N",
+    ),
+    Option(
+        "bridge.new-nodes-burst",
+        "bridge_new_nodes_burst",
+        int_between(0, 100_000_000),
+        "bridge: new node names admitted at once, e.g. a DaemonSet rolled out onto the whole fleet "
+        "(0: --bridge.max-series / 100, the fleet that budget was sized for)",
+        "N",
+    ),
+    Option(
+        "bridge.readiness-timeout",
+        "bridge_readiness_timeout",
+        duration_at_least(1),
+        "bridge: /readyz answers 503 once the MQTT broker has been unreachable, or remote writes have "
+        "failed, for this long",
+        "DURATION",
     ),
     Option(
         "bridge.max-clock-skew",

@@ -148,6 +148,19 @@ class RemoteWriter:
         self._encoder = WriteEncoder()
         self._conn: http.client.HTTPConnection | None = None
         self._logged: set[str] = set()
+        self._failing_since: float | None = None  # monotonic: the first failure since the last answer taken
+        self.last_failure = ""
+
+    def failing_for(self) -> float | None:
+        """Seconds writes have been failing (retried, or refused as a client error such as 401), or None
+        while the last write went through. Read by other threads."""
+        since = self._failing_since
+        return None if since is None else time.monotonic() - since
+
+    def _failing(self, why: str) -> None:
+        self.last_failure = why
+        if self._failing_since is None:
+            self._failing_since = time.monotonic()
 
     def close(self) -> None:
         if self._conn is not None:
@@ -207,6 +220,10 @@ class RemoteWriter:
             if self._metrics is not None:
                 self._metrics.requests.labels(str(status)).inc()
             verdict = classify(status, answer) if status else _Verdict("retry", "network")
+            if verdict.reason == "client_error":  # every write refused (401, a redirect): nothing gets in
+                self._failing(f"HTTP {status}, refused")
+            elif verdict.action != "retry":  # an answer the bridge goes on with
+                self._failing_since = None
             if verdict.action != "retry":
                 if verdict.action == "refuse" and not verdict.bisect:
                     log.warning(
@@ -221,6 +238,7 @@ class RemoteWriter:
             wait = max(delay, retry_after or 0.0)
             wait = min(wait, self._backoff_max) * random.uniform(0.8, 1.0)
             what = f"HTTP {status}" if status else answer.decode("utf-8", "replace")
+            self._failing(what)
             log.warning("remote write to %s failed (%s); retrying in %.1fs", self.url, what, wait)
             if self._stop.wait(wait):
                 raise Stopped("stopping with an unwritten request")

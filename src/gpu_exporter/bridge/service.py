@@ -28,18 +28,20 @@ import paho.mqtt.client as mqtt
 from paho.mqtt.reasoncodes import ReasonCode
 from prometheus_client import CollectorRegistry
 
+from gpu_exporter.bridge.admission import HOLD, WRITE, Admission
 from gpu_exporter.bridge.clock import ClockGuard, Stamp, stamp_of
-from gpu_exporter.bridge.convert import Converted, Converter
+from gpu_exporter.bridge.convert import Converter
 from gpu_exporter.bridge.dedup import SeqTracker
 from gpu_exporter.bridge.inflight import Inflight
 from gpu_exporter.bridge.journal import WriteJournal, seq_ranges
 from gpu_exporter.bridge.limits import NewNodes, SeriesBudget
 from gpu_exporter.bridge.messages import MAX_NODES, MessageHandler, Received
 from gpu_exporter.bridge.metrics import BridgeMetrics, Liveness
+from gpu_exporter.bridge.refusals import Refusals
 from gpu_exporter.bridge.sender import RemoteWriter, Stopped
-from gpu_exporter.bridge.settings import BridgeSettings, connect_properties, link_settings
+from gpu_exporter.bridge.session import Session
+from gpu_exporter.bridge.settings import BridgeSettings, connect_properties, link_settings, new_nodes_burst
 from gpu_exporter.bridge.twins import Twins
-from gpu_exporter.bridge.values import RESET_AFTER
 from gpu_exporter.mqtt.client import new_client, reread_password_on_reconnect
 from gpu_exporter.payload.columns import ColumnBatch
 
@@ -59,7 +61,8 @@ class Bridge:
     def __init__(
         self, settings: BridgeSettings, registry: CollectorRegistry, clock: Callable[[], float] = time.monotonic
     ) -> None:
-        """``clock`` (monotonic seconds) times the series window, the new-name rate and twin liveness."""
+        """``clock`` (monotonic seconds) times the series window, the new-name rate, twin liveness and
+        the MQTT side of readiness."""
         self.settings = settings
         self.metrics = BridgeMetrics(registry)
         self.liveness = Liveness()
@@ -74,7 +77,12 @@ class Bridge:
         self.metrics.queue_bytes.set_function(lambda: self.inflight.usage()[1])
         self.nodes = self.handler.nodes
         self.log = self.handler.log
-        self.new_nodes = NewNodes(settings.new_nodes_per_minute, clock)
+        self.new_nodes = NewNodes(settings.new_nodes_per_minute, clock, burst=new_nodes_burst(settings))
+        # what waits for admission takes at most half of the in-flight account: the rest keeps flowing
+        self.admission = Admission(
+            self.new_nodes, settings.receive_maximum // 2, settings.max_inflight_bytes // 2, clock
+        )
+        self.metrics.watch_admission(self.admission.usage, self.admission.oldest_wait)
         self.twins = Twins(MAX_NODES, clock)
         self.clock = ClockGuard(settings.max_clock_skew, settings.clock_skew_policy, self.metrics, self.nodes)
         registry.register(self.clock)
@@ -101,6 +109,8 @@ class Bridge:
         )
         self.link = link_settings(settings)  # ConfigError when a TLS file does not load
         self._host, self._port = self.link.host, self.link.port
+        where = f"{self._host}:{self._port}"
+        self.session = Session(where, settings.client_id, self.metrics.takeovers, self.log, clock)
         prefix = settings.topic_prefix.rstrip("/")
         self.batch_topic = f"{prefix}/+/batch"
         if settings.group:
@@ -118,7 +128,7 @@ class Bridge:
         self._client.on_subscribe = self._on_subscribe
         self._thread = threading.Thread(target=self._run, name="bridge-writer", daemon=True)
         self._connected = threading.Event()
-        self._unknown_logged: set[str] = set()
+        self._refusals = Refusals(settings, self.metrics, self.nodes, self.log)
 
     def _load_journal(self) -> WriteJournal | None:
         """The record of what this bridge's session had written, read into the replay memory."""
@@ -143,14 +153,26 @@ class Bridge:
         self._client.loop_start()
         self._thread.start()
 
+    def ready(self) -> tuple[bool, str]:
+        """/readyz: not ready while the broker has been unreachable, or remote writes have failed, for
+        --bridge.readiness-timeout (and until first subscribed)."""
+        why = self.session.unready(self.settings.readiness_timeout)
+        if why is None:
+            failing = self._writer.failing_for()
+            if failing is not None and failing >= self.settings.readiness_timeout:
+                why = f"remote writes to {self._writer.url} failing for {failing:.0f}s ({self._writer.last_failure})"
+        return (False, why) if why else (True, "ready")
+
     def wait_connected(self, timeout: float) -> bool:
         """True once connected and subscribed."""
         return self._connected.wait(timeout)
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         if rc.is_failure:
+            self.session.failed(f"refused: {rc}")
             log.warning("MQTT broker %s:%d refused the connection: %s", self._host, self._port, rc)
             return
+        self.session.connected()
         log.info(
             "connected to MQTT broker %s:%d (session present: %s)",
             self._host,
@@ -171,12 +193,14 @@ class Bridge:
                 self.batch_topic,
             )
         self.new_nodes.subscribed()
+        self.session.subscribed()
         # Connected means receiving: before the SUBACK, a batch published now reaches no session of
         # the bridge's (on its first connection there is none yet), so the gauge waits for it too.
         self.metrics.connected.set(1)
         self._connected.set()
 
     def _on_connect_fail(self, client: mqtt.Client, userdata: Any) -> None:
+        self.session.failed("cannot connect")
         now = time.monotonic()
         if now - self._last_fail_log >= 60.0:  # paho retries every few seconds: say it once a minute
             self._last_fail_log = now
@@ -185,7 +209,11 @@ class Bridge:
     def _on_disconnect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         self.metrics.connected.set(0)
         self._connected.clear()
-        if not self._stop.is_set():
+        if self._stop.is_set():
+            return
+        code = rc.value if isinstance(rc, ReasonCode) else None
+        from_broker = bool(getattr(flags, "is_disconnect_packet_from_server", False))
+        if not self.session.lost(code, from_broker, str(rc)):  # a takeover is logged there
             log.warning("disconnected from MQTT broker %s:%d (%s); reconnecting", self._host, self._port, rc)
 
     def _on_message(self, client: mqtt.Client, userdata: Any, msg: mqtt.MQTTMessage) -> None:
@@ -237,21 +265,29 @@ class Bridge:
 
     def _run(self) -> None:
         while not self._stop.is_set():
-            try:
-                first = self._queue.get(timeout=0.2)
-            except queue.Empty:
-                continue
-            msgs = self._take(first)
+            msgs = self.admission.due()  # held back, their names admitted now: they go first
+            if not msgs:
+                try:
+                    first = self._queue.get(timeout=0.2)
+                except queue.Empty:
+                    continue
+                msgs = self._take(first)
             try:
                 self.process_safely(msgs)
             except Stopped:
                 log.info("stopping with %d messages unwritten; the broker delivers them again", len(msgs))
                 self.inflight.release(msgs)
                 return
-            for m in self.inflight.claim(msgs):  # acknowledged before released: paho sends them on
+            done = [m for m in msgs if not self.admission.holds(m)]  # what waits stays held, unacknowledged
+            for m in self.inflight.claim(done):  # acknowledged before released: paho sends them on
                 self._client.ack(m.mid, m.qos)
-            self.inflight.release(msgs)
-            self.metrics.queue.dec(len(msgs))
+            self.inflight.release(done)
+            self.metrics.queue.dec(len(done))
+
+    def process_due(self) -> int:
+        """Write the held-back messages whose names are admitted now (the writer does so in its loop)."""
+        due = self.admission.due()
+        return self.process_safely(due) if due else 0
 
     def _take(self, first: Received) -> list[Received]:
         """``first`` and what else is queued, up to ``max_messages``, waiting at most ``linger`` seconds
@@ -274,8 +310,8 @@ class Bridge:
         return msgs
 
     def _acknowledge(self, msgs: list[Received]) -> None:
-        """Acknowledge ``msgs`` (each once), as soon as what they carry was written."""
-        for m in self.inflight.claim(msgs):
+        """Acknowledge ``msgs`` (each once), as soon as what they carry was written; not those held back."""
+        for m in self.inflight.claim(m for m in msgs if not self.admission.holds(m)):
             self._client.ack(m.mid, m.qos)
 
     def _record(self, decoded: list[tuple[ColumnBatch, list[int] | None]]) -> None:
@@ -338,7 +374,7 @@ class Bridge:
         for m in itertools.chain((first,), todo):
             taken_msgs.append(m)
             batch = self.handler.decode(m)
-            if batch is None or not self._admit_node(batch, m.backlog, admitted):
+            if batch is None or not self._admit_node(batch, m, admitted):
                 continue
             stream = _stream(batch)
             taken = pending.setdefault((batch.node, stream), set())
@@ -365,7 +401,7 @@ class Bridge:
         if not decoded:
             return 0
         converted = self._converter.convert(decoded)
-        self._count(converted)
+        self._refusals.count(converted, self._converter.budget.total)
         outcome = self._writer.write(converted.series)
         now = time.time()
         for batch, keep in decoded:
@@ -380,24 +416,38 @@ class Bridge:
                 self.metrics.lag.set(max(0.0, now - converted.newest_ms / 1000))
         return outcome.written
 
-    def _admit_node(self, batch: ColumnBatch, backlog: bool, admitted: set[str]) -> bool:
-        """False (the batch dropped and counted) for a node name the bridge does not know, once
-        --bridge.new-nodes-per-minute new names came in the last minute. A name admitted earlier in the
-        same write group (``admitted``) is known: it takes one token, however many of its batches the
-        group coalesced."""
-        if batch.node in admitted or self._converter.knows(batch.node):
+    def _admit_node(self, batch: ColumnBatch, msg: Received, admitted: set[str]) -> bool:
+        """Whether ``batch`` is written now. A node name the bridge does not know takes a token
+        (``admission.py``); without one its batch is held back, unacknowledged, and written once the name
+        gets one; past the waiting room it is dropped and counted. A name admitted earlier in the same
+        write group (``admitted``) is known: it takes one token, however many of its batches the group
+        coalesced."""
+        known = batch.node in admitted or self._converter.knows(batch.node)
+        verdict = self.admission.check(batch.node, msg, known)
+        if verdict == WRITE:
+            if not known:
+                self.metrics.new_nodes.inc()
+                admitted.add(batch.node)
             return True
-        if backlog or self.new_nodes.take(batch.node):
-            self.metrics.new_nodes.inc()
-            admitted.add(batch.node)
-            return True
+        if verdict == HOLD:
+            self.metrics.held_back.inc()
+            self.log.warning(
+                "held_back",
+                "holding back the batches of new node %s, unacknowledged: more than --bridge.new-nodes-burst=%d "
+                "new node names at once, admitted at --bridge.new-nodes-per-minute=%d (see "
+                "gpu_exporter_bridge_held_back_messages)",
+                self.nodes.label(batch.node),
+                self.new_nodes.burst,
+                self.settings.new_nodes_per_minute,
+            )
+            return False
         self.metrics.new_nodes_refused.inc()
         self.log.warning(
             "new_nodes",
-            "dropped a batch of new node %s: more than --bridge.new-nodes-per-minute=%d new node names in the "
-            "last minute (see gpu_exporter_bridge_new_nodes_refused_total)",
+            "dropped a batch of new node %s: %d batches of new node names wait for admission already (half of "
+            "--bridge.max-inflight or --bridge.max-inflight-bytes; see gpu_exporter_bridge_new_nodes_refused_total)",
             self.nodes.label(batch.node),
-            self.settings.new_nodes_per_minute,
+            self.admission.usage()[1],
         )
         return False
 
@@ -415,63 +465,6 @@ class Bridge:
             twin[:40],
             batch.boot[:40],
         )
-
-    def _count(self, converted: Converted) -> None:
-        """The converter's refusals, counted and logged (at most a line a minute per kind)."""
-        for key in converted.unknown_keys:
-            self._warn_unknown(key)
-        for (node, why), values in converted.limited.items():
-            label = self.nodes.label(node)
-            self.metrics.series_limited.labels(label, why).inc(values)
-            limit = "max-series-per-node" if why == "node" else "max-series"
-            bound = self.settings.max_series_per_node if why == "node" else self.settings.max_series
-            self.log.warning(
-                "limit:" + why,
-                "%s reached --bridge.%s=%d active series; values of further series are dropped "
-                "(see gpu_exporter_bridge_series_limited_total)",
-                f"node {label}" if why == "node" else "the fleet",
-                limit,
-                bound,
-            )
-        for (node, reason), values in converted.dropped.items():
-            label = self.nodes.label(node)
-            if reason == "counter_reset":
-                self.log.warning(
-                    "counter_reset",
-                    "node %s: a counter stayed below its earlier value for %d batches: taken as a reset within "
-                    "the agent's boot (a GPU reset or driver reload)",
-                    label,
-                    RESET_AFTER,
-                )
-                continue
-            self.metrics.values_dropped.labels(label, reason).inc(values)
-            self.log.warning(
-                "values:" + reason,
-                "dropped %d %s value(s) of node %s (docs/bridge.md, Values; see gpu_exporter_bridge_values_dropped_total)",
-                values,
-                reason,
-                label,
-            )
-        for (node, reason), keys in converted.labels_dropped.items():
-            label = self.nodes.label(node)
-            self.metrics.labels_dropped.labels(label, reason).inc(keys)
-            self.log.warning(
-                "labels:" + reason,
-                "left %d identity string(s) of node %s out of gpu_info: %s (see gpu_exporter_bridge_labels_dropped_total)",
-                keys,
-                label,
-                reason,
-            )
-        self.metrics.active_series.set(self._converter.budget.total)
-
-    def _warn_unknown(self, key: str) -> None:
-        if key not in self._unknown_logged:
-            self._unknown_logged.add(key)
-            log.warning(
-                "metric key %r is not in this bridge's catalog; its values are skipped "
-                "(is the exporter newer than the bridge?)",
-                key,
-            )
 
     def stop(self, timeout: float = 10.0) -> None:
         """Stop writing (an unfinished write is abandoned, unacknowledged), then disconnect."""

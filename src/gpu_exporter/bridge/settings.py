@@ -23,6 +23,7 @@ __all__ = [
     "connect_properties",
     "link_settings",
     "max_packet_size",
+    "new_nodes_burst",
 ]
 
 # What a PUBLISH carries besides its payload: fixed header, topic, properties (the agent's are a few dozen
@@ -87,10 +88,19 @@ class BridgeSettings:
     max_series_per_node: int = _option(BridgeOptions, "bridge_max_series_per_node")
     max_series: int = _option(BridgeOptions, "bridge_max_series")
     new_nodes_per_minute: int = _option(BridgeOptions, "bridge_new_nodes_per_minute")
+    new_nodes_burst: int = _option(BridgeOptions, "bridge_new_nodes_burst")  # 0: max_series / 100
+    readiness_timeout: float = _option(BridgeOptions, "bridge_readiness_timeout")
     max_clock_skew: float = _option(BridgeOptions, "bridge_max_clock_skew")
     clock_skew_policy: str = _option(BridgeOptions, "bridge_clock_skew_policy")
     # where the record of what was written is kept; empty: nowhere
     state_dir: str = _option(BridgeOptions, "bridge_state_dir")
+
+
+def new_nodes_burst(settings: BridgeSettings) -> int:
+    """New node names admitted at once: the setting, else one per 100 series of the fleet budget (an
+    8-GPU node has about 850 series, one GPU about 110), so a rollout of the fleet that
+    --bridge.max-series was sized for is admitted at once."""
+    return settings.new_nodes_burst or max(settings.new_nodes_per_minute, settings.max_series // 100)
 
 
 def max_packet_size(settings: BridgeSettings) -> int:

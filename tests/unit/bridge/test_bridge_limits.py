@@ -86,13 +86,25 @@ def test_a_node_whose_series_change_holds_no_more_than_its_cap_until_the_old_one
     assert value(registry, limited, node="edge-a", reason="node") == 29
 
 
-def test_new_node_names_are_rate_limited_once_the_fleet_has_introduced_itself(
+def _nodes_written(rx: ScriptedReceiver) -> list[tuple[str, int]]:
+    """(node, timestamp ms) of every gpu_up point written, in the order written."""
+    return [
+        (dict(labels)["node"], ts)
+        for r in rx.requests
+        for labels, points in r.series
+        if dict(labels).get("__name__") == "gpu_up" and dict(labels).get("gpu") == "0"
+        for ts, _ in points
+    ]
+
+
+def test_new_node_names_past_the_burst_wait_unacknowledged_and_are_written_as_tokens_come(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     clock = Clock()
     t = time.time() - 100
+    held = "gpu_exporter_bridge_held_back_messages"
     with ScriptedReceiver(_ok) as rx, caplog.at_level(logging.WARNING):
-        bridge, registry = local_bridge(rx.url, new_nodes_per_minute=3, clock=clock)
+        bridge, registry = local_bridge(rx.url, new_nodes_per_minute=3, new_nodes_burst=3, clock=clock)
         # a restarted bridge: its session's backlog comes first, from any number of nodes
         for i in range(5):
             bridge.process([message(make_batch(f"edge-backlog-{i}", "b", [1], t), i + 1)])
@@ -104,27 +116,61 @@ def test_new_node_names_are_rate_limited_once_the_fleet_has_introduced_itself(
         for i in range(10):
             bridge.process([message(make_batch(f"edge-known-{i}", "b", [1], t), 10 + i)])
         assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 15
-        # names nobody introduced: three a minute
-        for i in range(5):
-            bridge.process([message(make_batch(f"edge-new-{i}", "b", [1], t), 100 + i)])
+        # names nobody introduced: a burst of three, then three a minute; the others wait
+        new = [message(make_batch(f"edge-new-{i}", "b", [1], t), 100 + i) for i in range(5)]
+        for m in new:
+            bridge.process([m])
+        later = message(make_batch("edge-new-3", "b", [2], t + 5), 105)  # waits behind its name's first
+        bridge.process([later])
         bridge.process([message(make_batch("edge-known-3", "b", [2], t + 5), 200)])  # known names pass
-        assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 2
-        clock.now += QUIET + 1  # the introduction is over: a status no longer introduces a name
-        bridge.status("gpu-exporter/edge-late/status", b"online")
-        bridge.process([message(make_batch("edge-late", "b", [1], t), 300)])
-        clock.now += 20  # 3 a minute: one more token
-        bridge.process([message(make_batch("edge-new-4", "b", [1], t), 301)])
-        bridge.process([message(make_batch("edge-new-5", "b", [1], t), 302)])
-    written = {dict(labels)["node"] for r in rx.requests for labels, _ in r.series}
-    assert written == (
+        assert value(registry, held) == 3
+        assert value(registry, "gpu_exporter_bridge_held_back_nodes") == 2
+        assert [bridge.admission.holds(m) for m in (*new, later)] == [False, False, False, True, True, True]
+        assert bridge.process_due() == 0  # no token yet
+        clock.now += 20  # 3 a minute: one more token, for the name that waited first
+        bridge.process_due()
+        assert value(registry, held) == 1
+        assert value(registry, "gpu_exporter_bridge_held_back_oldest_seconds") == 20
+        clock.now += 20
+        bridge.process_due()
+        assert value(registry, held) == 0
+    written = _nodes_written(rx)
+    assert {node for node, _ in written} == (
         {f"edge-backlog-{i}" for i in range(5)}
         | {f"edge-known-{i}" for i in range(10)}
-        | {"edge-new-0", "edge-new-1", "edge-new-2", "edge-new-4"}
+        | {f"edge-new-{i}" for i in range(5)}
     )
-    assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 19
-    assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 4  # new-3, new-4 (at first), late, new-5
-    lines = [r.getMessage() for r in caplog.records if "new-nodes-per-minute" in r.getMessage()]
-    assert len(lines) == 1  # one line a minute, however many are refused
+    # nothing lost: both batches of edge-new-3, in order, after the names admitted at once
+    new3 = [ts for node, ts in written if node == "edge-new-3"]
+    assert new3 == [round(t * 1000), round((t + 5) * 1000)]
+    assert value(registry, "gpu_exporter_bridge_new_nodes_total") == 20
+    assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 0
+    assert value(registry, "gpu_exporter_bridge_held_back_total") == 3
+    lines = [r.getMessage() for r in caplog.records if "new-nodes-burst" in r.getMessage()]
+    assert len(lines) == 1  # one line a minute, however many wait
+
+
+def test_a_flood_of_new_names_past_the_waiting_room_is_dropped_and_counted() -> None:
+    """What waits takes at most half of the in-flight account (here 2 of 4 messages): past it, a batch
+    of a new name is dropped, so invented names cannot hold the bridge's memory or stop the fleet."""
+    clock = Clock()
+    t = time.time() - 100
+    with ScriptedReceiver(_ok) as rx:
+        bridge, registry = local_bridge(
+            rx.url, new_nodes_per_minute=1, new_nodes_burst=1, receive_maximum=4, clock=clock
+        )
+        bridge.new_nodes.subscribed()
+        clock.now += QUIET + 1
+        for i in range(5):
+            bridge.process([message(make_batch(f"edge-flood-{i}", "b", [1], t), i + 1)])
+        bridge.process([message(make_batch("edge-flood-0", "b", [2], t + 5), 10)])  # admitted: it flows
+        assert value(registry, "gpu_exporter_bridge_held_back_messages") == 2
+        assert value(registry, "gpu_exporter_bridge_new_nodes_refused_total") == 2
+        for _ in range(3):
+            clock.now += 60
+            bridge.process_due()
+    assert {node for node, _ in _nodes_written(rx)} == {"edge-flood-0", "edge-flood-1", "edge-flood-2"}
+    assert value(registry, "gpu_exporter_bridge_held_back_messages") == 0
 
 
 def test_two_live_boots_of_one_node_are_twins_a_restart_with_its_backlog_is_not(

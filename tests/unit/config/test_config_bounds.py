@@ -23,6 +23,7 @@ LOWEST: dict[str, tuple[str, str | None]] = {
     "bridge.session-expiry": ("1s", "999ms"),
     "bridge.write-linger": ("0s", None),
     "bridge.max-clock-skew": ("1s", "999ms"),
+    "bridge.readiness-timeout": ("1s", "999ms"),
     "remote-write.timeout": ("100ms", "99ms"),
     "remote-write.max-backoff": ("10ms", "9ms"),
     "k8s.refresh-interval": ("100ms", "99ms"),
