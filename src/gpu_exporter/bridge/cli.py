@@ -85,6 +85,23 @@ def _read_mqtt_password(path: str) -> bytes | None:
         raise cfg.ConfigError(f"cannot read the MQTT password file {path}: {error_reason(exc)}") from None
 
 
+_RANDOM_MARK = "-any-"
+
+
+def default_client_id(listen_address: str) -> str:
+    """The client id of a bridge given none: the host's name and the port it listens on. Stable across
+    restarts, so the session (and what the broker keeps in it during a restart) is the restarted bridge's;
+    distinct for two bridges on one host, which cannot listen on one port. With port 0 (any free port) no
+    such name exists: then a random one, new for every process."""
+    port = listen_address.rpartition(":")[2]
+    suffix = port if port.isdigit() and int(port) > 0 else _RANDOM_MARK.strip("-") + "-" + secrets.token_hex(4)
+    return f"gpu-exporter-bridge-{socket.gethostname()}-{suffix}"
+
+
+def _stable(client_id: str) -> bool:
+    return _RANDOM_MARK not in client_id
+
+
 def settings_from(config: cfg.Config) -> BridgeSettings:
     """The bridge's settings from the shared configuration; ConfigError when something is missing."""
     from gpu_exporter.bridge.settings import OPTION, BridgeSettings
@@ -97,13 +114,12 @@ def settings_from(config: cfg.Config) -> BridgeSettings:
         raise cfg.ConfigError("use either --remote-write.username or --remote-write.bearer-token-file, not both")
     if bool(config.remote_write_tls_cert_file) != bool(config.remote_write_tls_key_file):
         raise cfg.ConfigError("--remote-write.tls.cert-file and --remote-write.tls.key-file go together")
-    if config.bridge_state_dir and not config.bridge_client_id:
+    client_id = config.bridge_client_id or default_client_id(config.bridge_listen_address)
+    if config.bridge_state_dir and not config.bridge_client_id and not _stable(client_id):
         raise cfg.ConfigError(
-            "--bridge.state-dir needs --bridge.client-id: the record of what was written belongs to the session "
-            "kept under a stable client id (the default is new for every process)"
+            "--bridge.state-dir needs --bridge.client-id when --bridge.listen-address has port 0: the record of "
+            "what was written belongs to the session kept under a stable client id"
         )
-    # a default unique to the process: two bridges on one host must not take each other's session
-    client_id = config.bridge_client_id or f"gpu-exporter-bridge-{socket.gethostname()}-{secrets.token_hex(4)}"
     options = {f.name: getattr(config, f.metadata[OPTION]) for f in fields(BridgeSettings) if OPTION in f.metadata}
     return BridgeSettings(
         **options,
@@ -208,12 +224,15 @@ def run(
         "bridge %s: %s -> %s, metrics on %s", settings.client_id, settings.mqtt_url, settings.remote_write_url, listen
     )
     if config.mqtt_url and not config.bridge_client_id:  # settings_from made one up
-        log.warning(
-            "no --bridge.client-id: connecting as %r, an id of this process only; a restarted bridge starts a new "
-            "session, and what the broker kept for this one is not delivered to it. Give a stable id (the "
-            "manifest uses the pod name)",
-            settings.client_id,
-        )
+        if _stable(settings.client_id):
+            log.info("no --bridge.client-id: connecting as %r (the host name and the listen port)", settings.client_id)
+        else:
+            log.warning(
+                "no --bridge.client-id: connecting as %r, an id of this process only (the listen port is 0); a "
+                "restarted bridge starts a new session, and what the broker kept for this one is not delivered "
+                "to it. Give a stable id (the manifest uses the pod name)",
+                settings.client_id,
+            )
     server.start()
     bridge.start()
     try:

@@ -28,7 +28,7 @@ __all__ = ["BRIDGE_OPTIONS", "REMOTE_WRITE_OPTIONS", "BridgeOptions", "RemoteWri
 @dataclass(frozen=True)
 class BridgeOptions:
     bridge_group: str = ""  # shared-subscription group; empty: one bridge takes everything
-    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>-<random>, per process
+    bridge_client_id: str = ""  # empty: gpu-exporter-bridge-<hostname>-<listen port>
     bridge_session_expiry: float = 86400.0
     bridge_listen_address: str = ":9401"
     bridge_max_inflight: int = 200
@@ -77,7 +77,7 @@ BRIDGE_OPTIONS: tuple[Option, ...] = (
         "bridge_client_id",
         str,
         "bridge: MQTT client id; keep it stable across restarts, the session is kept under it "
-        "(default: gpu-exporter-bridge-<hostname>-<random>, new for every process)",
+        "(default: gpu-exporter-bridge-<hostname>-<listen port>: two bridges on one host differ, a restart keeps it)",
         "ID",
     ),
     Option(

@@ -5,6 +5,7 @@ reports a DISCONNECT) or seen as a pattern (Mosquitto before 2.0.15 closes witho
 from __future__ import annotations
 
 import logging
+import socket
 from pathlib import Path
 
 import paho.mqtt.client as mqtt
@@ -103,14 +104,23 @@ def test_a_network_that_drops_connections_is_no_takeover() -> None:
     assert value(registry, "gpu_exporter_bridge_session_takeovers_total", evidence="reason") == 0
 
 
-def test_the_default_client_id_is_unique_per_process_and_state_dir_needs_an_explicit_one(tmp_path: Path) -> None:
+def test_the_default_client_id_is_the_host_and_listen_port_and_random_only_on_port_0(tmp_path: Path) -> None:
     from gpu_exporter import config as cfg
     from gpu_exporter.bridge.cli import settings_from
 
     base = {"mqtt.url": "mqtt://127.0.0.1:1883", "remote-write.url": "http://127.0.0.1:9090/api/v1/write"}
-    ids = {settings_from(cfg.load(dict(base))).client_id for _ in range(3)}
-    assert len(ids) == 3
-    assert all(i.startswith("gpu-exporter-bridge-") for i in ids)
+    host = socket.gethostname()
+    # stable across restarts (the session survives one), distinct for two bridges on one host
+    assert {settings_from(cfg.load(dict(base))).client_id for _ in range(3)} == {f"gpu-exporter-bridge-{host}-9401"}
+    other = settings_from(cfg.load({**base, "bridge.listen-address": "127.0.0.1:9501"})).client_id
+    assert other == f"gpu-exporter-bridge-{host}-9501"
+    assert settings_from(cfg.load({**base, "bridge.state-dir": str(tmp_path)})).client_id == other.replace(
+        "9501", "9401"
+    )
+    # port 0: no name to keep, so one per process, and no state directory without an explicit id
+    anywhere = {**base, "bridge.listen-address": "127.0.0.1:0"}
+    ids = {settings_from(cfg.load(dict(anywhere))).client_id for _ in range(3)}
+    assert len(ids) == 3 and all(i.startswith(f"gpu-exporter-bridge-{host}-any-") for i in ids)
     assert settings_from(cfg.load({**base, "bridge.client-id": "bridge-0"})).client_id == "bridge-0"
     with pytest.raises(cfg.ConfigError, match=r"--bridge\.state-dir needs --bridge\.client-id"):
-        settings_from(cfg.load({**base, "bridge.state-dir": str(tmp_path)}))
+        settings_from(cfg.load({**anywhere, "bridge.state-dir": str(tmp_path)}))
