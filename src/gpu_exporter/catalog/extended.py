@@ -10,7 +10,7 @@ _POD: tuple[tuple[str, str, MetricType, str], ...] = (
         "pod_info",
         "gpu_pod_info",
         "gauge",
-        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+        "1 for each container using or holding a GPU, for joins: gpu, uuid, namespace, pod, container, pod_uid.",
     ),
     (
         "pod_memory",

@@ -127,4 +127,6 @@ TEMP_HELP = "Temperature in degrees Celsius, by sensor."
 CLOCK_HELP = "Current clock frequency in hertz, by clock domain."
 MAXCLOCK_HELP = "Maximum clock frequency in hertz, by clock domain."
 PCIE_HELP = "PCIe throughput in bytes per second, by direction."
-POD_LABELS = ("namespace", "pod", "container")  # labels of the per-pod series
+# labels of the per-pod series; pod_uid last, so that a bridge reading an older agent's three values
+# still names them right
+POD_LABELS = ("namespace", "pod", "container", "pod_uid")

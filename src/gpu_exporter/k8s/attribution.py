@@ -2,15 +2,16 @@
 
 Nothing here runs on the scrape path: the exposition appends ``text()``, a string rebuilt once per
 sample. The kubelet's pod-resources API (when its socket exists) names the containers that hold each
-GPU even while they run no process; the /proc fallback names the containers whose processes the driver
-reports, which is all KubeEdge offers. Both feed the same series; a pod whose processes exit and that
-the kubelet no longer lists disappears from the next page.
+GPU even while they run no process, by device plugin or by DRA claim (``holders.py``); the /proc
+fallback names the containers whose processes the driver reports, which is all KubeEdge offers. Both
+feed the same series; a pod whose processes exit and that the kubelet no longer lists disappears from
+the page once the kubelet has been asked again. Every per-pod series carries ``pod_uid``: from the
+process's cgroup path, else from the pod's log directory name.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
@@ -20,14 +21,11 @@ from prometheus_client import CollectorRegistry, Counter, Gauge
 
 from gpu_exporter.config import Config
 from gpu_exporter.k8s import cgroup, podlogs
+from gpu_exporter.k8s.dra import ClaimResolver, minor_of
 from gpu_exporter.k8s.energy import EnergyMeter
+from gpu_exporter.k8s.holders import KubeletHolders
 from gpu_exporter.k8s.model import PodRef
-from gpu_exporter.k8s.podresources import (
-    Assignment,
-    PodResourcesError,
-    device_matches,
-    list_pod_resources,
-)
+from gpu_exporter.k8s.podresources import PodResources
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
@@ -63,16 +61,17 @@ class PodAttributor:
         ring: RingBuffer,
         registry: CollectorRegistry | None = None,
         *,
-        lister: Callable[[str], list[Assignment]] | None = None,
+        lister: Callable[[str], PodResources] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._ring = ring
-        self._lister = lister or list_pod_resources
+        self._clock = clock
         self._meter = EnergyMeter(config.k8s_idle_power, max_gap=max(60.0, 10 * config.interval))
         self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
         self._directory = podlogs.PodDirectory()
         self._scanned_at = float("-inf")
-        self._api_retry_at = float("-inf")
+        self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid, from this sample's cgroups
         self._seq = 0
         self._lock = threading.Lock()
         self._text = ""
@@ -80,7 +79,6 @@ class PodAttributor:
         self._device_pods = DevicePods({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reported: set[str] = set()
         self._errors: Counter | None = None
         self._pods_gauge: Gauge | None = None
         if registry is not None:
@@ -95,6 +93,10 @@ class PodAttributor:
                 "Containers attributed to GPUs in the newest sample.",
                 registry=registry,
             )
+        resolver = ClaimResolver(config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock)
+        self._holders = KubeletHolders(
+            config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._count, clock
+        )
 
     # --- public API ------------------------------------------------------------------------------
 
@@ -128,14 +130,14 @@ class PodAttributor:
         samples = list(samples)
         if not samples:
             return
-        assignments = self._ask_kubelet()
+        self._holders.refresh()
         for sample in samples:
             self._seq = max(self._seq, sample.seq)
-            series, device_pods = self._account(sample, assignments)
+            series, device_pods = self._account(sample)
         values: dict[str, dict[SeriesKey, float]] = {}
         for name, labels, value in series:
             pairs = dict(labels)
-            key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"]))
+            key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"], pairs["pod_uid"]))
             values.setdefault(pairs["uuid"], {})[key] = value
         with self._lock:
             self._text = render(series)
@@ -162,27 +164,8 @@ class PodAttributor:
         if self._errors is not None:
             self._errors.labels(source).inc()
 
-    def _report_once(self, message: str) -> None:
-        if message not in self._reported:
-            self._reported.add(message)
-            log.warning("%s", message)
-
-    def _ask_kubelet(self) -> list[Assignment]:
-        socket_path = self._config.k8s_kubelet_socket
-        if not os.path.exists(socket_path) or time.monotonic() < self._api_retry_at:
-            return []
-        try:
-            return self._lister(socket_path)
-        except PodResourcesError as exc:
-            # e.g. a non-root agent may not connect to the root-owned socket: ask again only after
-            # the refresh interval, and meanwhile name pods through /proc alone
-            self._api_retry_at = time.monotonic() + self._config.k8s_refresh_interval
-            self._count("pod_resources")
-            self._report_once(f"{exc}; using /proc for pod attribution")
-            return []
-
     def _names(self, found: cgroup.ContainerCgroup) -> PodRef | None:
-        now = time.monotonic()
+        now = self._clock()
         stale = now - self._scanned_at >= self._config.k8s_refresh_interval
         # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
         # once, but at most once a second.
@@ -195,10 +178,25 @@ class PodAttributor:
         )
         unknown = (pod is None or new_container) and now - self._scanned_at >= 1.0
         if stale or unknown:
-            self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
-            self._scanned_at = now
+            self._rescan(now)
         names = self._directory.names(found.pod_uid, found.container_id)
-        return PodRef(*names) if names else None
+        if not names:
+            return None
+        self._uids[names[:2]] = found.pod_uid
+        return PodRef(*names)
+
+    def _rescan(self, now: float) -> None:
+        self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
+        self._scanned_at = now
+
+    def _uid(self, pod: PodRef) -> str:
+        """The pod's UID: from a process's cgroup path, else from its log directory ("" if neither)."""
+        key = (pod.namespace, pod.pod)
+        uid = self._uids.get(key) or self._directory.uids.get(key)
+        if uid is None and self._clock() - self._scanned_at >= 1.0:  # a pod the kubelet lists, new to us
+            self._rescan(self._clock())
+            uid = self._directory.uids.get(key)
+        return uid or ""
 
     def _pod_of(self, pid: int) -> PodRef | None:
         if pid not in self._pids:
@@ -208,10 +206,11 @@ class PodAttributor:
 
     # --- one sample ------------------------------------------------------------------------------
 
-    def _account(self, sample: Sample, assignments: list[Assignment]) -> tuple[list[PodSeries], DevicePods]:
+    def _account(self, sample: Sample) -> tuple[list[PodSeries], DevicePods]:
         live_pids = {p.pid for d in sample.devices for p in d.processes}
         for pid in [p for p in self._pids if p not in live_pids]:
             del self._pids[pid]  # exited: its PID may be reused by another pod's process
+        self._uids = {}  # learnt again from this sample's processes
         info: list[PodSeries] = []
         memory: list[PodSeries] = []
         util: list[PodSeries] = []
@@ -220,7 +219,7 @@ class PodAttributor:
         by_uuid: dict[str, tuple[PodRef, ...]] = {}
         for device in sample.devices:
             usage = self._usage(device)
-            held = {a.pod for a in assignments if device_matches(a.device_id, device.device)}
+            held = self._holders.held(device, minor_of(device))
             pods = sorted(set(usage) | held)
             if not pods:
                 continue
@@ -228,7 +227,7 @@ class PodAttributor:
             self._step_energy(sample.timestamp, device, usage)
             base = device.device.labels()
             for pod in pods:
-                labels = base + pod.labels()
+                labels = (*base, *pod.labels(), ("pod_uid", self._uid(pod)))
                 info.append((NAMES["pod_info"], labels, 1.0))
                 present.append((device.device, pod))
                 used = usage.get(pod)

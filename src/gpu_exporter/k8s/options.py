@@ -17,6 +17,13 @@ class K8sOptions:
     k8s_pod_logs_path: str = "/var/log/pods"
     k8s_idle_power: float | None = None  # watts; None: the lowest power seen on each GPU
     k8s_refresh_interval: float = 10.0
+    k8s_cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+
+
+def parse_paths(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
+    """Comma-separated absolute paths (or a YAML list of them)."""
+    items = text if isinstance(text, (list, tuple)) else str(text).split(",")
+    return tuple(parse_path(str(item).strip()) for item in items if str(item).strip())
 
 
 K8S_OPTIONS: tuple[Option, ...] = (
@@ -62,7 +69,16 @@ K8S_OPTIONS: tuple[Option, ...] = (
         "k8s.refresh-interval",
         "k8s_refresh_interval",
         parse_interval,
-        "how often the pod log directories are re-indexed (a new pod is looked up at once)",
+        "how often the kubelet's pod-resources List is asked and the pod log directories are re-indexed "
+        "(a new pod's process is looked up at once)",
         "DURATION",
+    ),
+    Option(
+        "k8s.cdi-spec-dirs",
+        "k8s_cdi_spec_dirs",
+        parse_paths,
+        "CDI spec directories (comma-separated) where DRA drivers describe the devices of a claim: resolves "
+        "a DRA GPU or MIG device to its UUID without the API server",
+        "PATHS",
     ),
 )

@@ -27,6 +27,8 @@ class PodDirectory:
     pods: dict[str, tuple[str, str, tuple[str, ...]]] = field(default_factory=dict)
     # container id -> (namespace, pod, container name)
     containers: dict[str, tuple[str, str, str]] = field(default_factory=dict)
+    # (namespace, pod) -> pod uid, for pods the kubelet names without their UID
+    uids: dict[tuple[str, str], str] = field(default_factory=dict)
 
     def names(self, pod_uid: str, container_id: str) -> tuple[str, str, str] | None:
         """(namespace, pod, container) for a pod UID and container ID; None for an unknown pod."""
@@ -67,4 +69,5 @@ def scan(pods_path: str | Path, containers_path: str | Path | None = None) -> Po
         if match:
             pod, namespace, container, container_id = match.groups()
             by_id[container_id] = (namespace, pod, container)
-    return PodDirectory(pods, by_id)
+    uids = {(namespace, pod): uid for uid, (namespace, pod, _) in pods.items()}
+    return PodDirectory(pods, by_id, uids)
