@@ -81,6 +81,7 @@ class PodAttributor:
         self._thread: threading.Thread | None = None
         self._errors: Counter | None = None
         self._pods_gauge: Gauge | None = None
+        self._claims_gauge: Gauge | None = None
         if registry is not None:
             self._errors = Counter(
                 "gpu_exporter_k8s_errors",
@@ -91,6 +92,13 @@ class PodAttributor:
             self._pods_gauge = Gauge(
                 "gpu_exporter_k8s_pods",
                 "Containers attributed to GPUs in the newest sample.",
+                registry=registry,
+            )
+            self._claims_gauge = Gauge(
+                "gpu_exporter_k8s_claim_devices",
+                "DRA claim devices in the kubelet's last answer, by whether they name a GPU of the newest "
+                "sample (unmatched: another driver's device, a CDI spec not readable, a MIG device not seen yet).",
+                ["state"],
                 registry=registry,
             )
         resolver = ClaimResolver(config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock)
@@ -145,6 +153,10 @@ class PodAttributor:
             self._device_pods = device_pods
         if self._pods_gauge is not None:
             self._pods_gauge.set(sum(1 for name, _, _ in series if name == NAMES["pod_info"]))
+        if self._claims_gauge is not None:
+            matched, unmatched = self._holders.claim_devices(samples[-1].devices)
+            self._claims_gauge.labels("matched").set(matched)
+            self._claims_gauge.labels("unmatched").set(unmatched)
 
     # --- the thread ------------------------------------------------------------------------------
 

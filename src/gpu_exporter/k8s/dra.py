@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import re
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from gpu_exporter.k8s import cdi
@@ -64,7 +64,6 @@ class ClaimResolver:
     _index: cdi.CdiIndex = field(default_factory=cdi.CdiIndex)
     _mig: cdi.MigMinors = field(default_factory=cdi.MigMinors)
     _scanned_at: float = float("-inf")
-    unresolved: int = 0  # claim devices of the newest resolve() that named no device
 
     def _rescan(self, claims: Sequence[ClaimDevice]) -> None:
         now = self.clock()
@@ -100,18 +99,8 @@ class ClaimResolver:
         return out
 
     def resolve(self, claims: Sequence[ClaimDevice]) -> list[tuple[ClaimDevice, list[Target]]]:
-        """Each claim device with its targets; counts those with none in ``unresolved``."""
+        """Each claim device with its targets ([] where nothing says which device it is)."""
         if not claims:
-            self.unresolved = 0
             return []
         self._rescan(claims)
-        out = [(claim, self.targets(claim)) for claim in claims]
-        self.unresolved = sum(1 for _, targets in out if not targets)
-        return out
-
-
-def holders(
-    resolved: Iterable[tuple[ClaimDevice, list[Target]]], sample: DeviceSample, minor: int | None
-) -> set[ClaimDevice]:
-    """The claim devices that name this device of the sample."""
-    return {claim for claim, targets in resolved if any(t.matches(sample.device, minor) for t in targets)}
+        return [(claim, self.targets(claim)) for claim in claims]

@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 
 from gpu_exporter.k8s.dra import ClaimResolver, Target, minor_of
 from gpu_exporter.k8s.model import PodRef
@@ -44,10 +44,6 @@ class KubeletHolders:
         self._resources = PodResources()
         self._claims: list[tuple[PodRef, list[Target]]] = []
         self._reported: set[str] = set()
-
-    @property
-    def unresolved_claims(self) -> int:
-        return self._resolver.unresolved
 
     def refresh(self) -> None:
         """Ask the kubelet if the last answer is older than the refresh interval; resolve DRA claims."""
@@ -84,3 +80,10 @@ class KubeletHolders:
         out = {a.pod for a in self._resources.devices if device_matches(a.device_id, device)}
         out.update(pod for pod, targets in self._claims if any(t.matches(device, minor) for t in targets))
         return out
+
+    def claim_devices(self, devices: Iterable[DeviceSample]) -> tuple[int, int]:
+        """(matched, unmatched): the claim devices of the last List that name a device of ``devices``, and
+        those that name none (another driver's device, a spec not readable, a MIG device not seen yet)."""
+        found = [(d.device, minor_of(d)) for d in devices]
+        matched = sum(1 for _, targets in self._claims if any(t.matches(d, m) for t in targets for d, m in found))
+        return matched, len(self._claims) - matched
