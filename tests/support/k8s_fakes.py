@@ -108,3 +108,60 @@ class FakeKubelet:
     def stop(self) -> None:
         self._server.stop(0).wait(5)
         shutil.rmtree(self.directory, ignore_errors=True)
+
+
+class FakePodList:
+    """A node's pod list over HTTP on 127.0.0.1, as the kubelet's ``/pods`` or KubeEdge's MetaServer
+    answer it (a ``PodList``); ``pods``, ``status``, ``body`` and ``token`` can change live."""
+
+    def __init__(self, path: str = "/pods") -> None:
+        import http.server
+        import json
+        import threading
+
+        self.path = path
+        self.pods: list[dict[str, object]] = []
+        self.status = 200
+        self.body: bytes | None = None  # served as it is instead of the pod list
+        self.token = ""  # when set, a request must carry it as a bearer token
+        self.calls = 0
+        fake = self
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:
+                fake.calls += 1
+                wanted = f"Bearer {fake.token}"
+                if self.path.split("?")[0] != fake.path:
+                    self.send_error(404)
+                elif fake.token and self.headers.get("Authorization") != wanted:
+                    self.send_error(401)
+                else:
+                    body = fake.body
+                    if body is None:
+                        body = json.dumps({"kind": "PodList", "apiVersion": "v1", "items": fake.pods}).encode()
+                    self.send_response(fake.status)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(body)))
+                    self.end_headers()
+                    self.wfile.write(body)
+
+            def log_message(self, format: str, *args: object) -> None:
+                pass
+
+        self._server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self._server.server_port}{path}"
+        self._thread = threading.Thread(target=self._server.serve_forever, name="fake-pod-list", daemon=True)
+
+    @staticmethod
+    def pod(name: str, namespace: str, uid: str, labels: dict[str, str]) -> dict[str, object]:
+        meta: dict[str, object] = {"name": name, "namespace": namespace, "uid": uid, "labels": labels}
+        return {"metadata": meta, "spec": {"nodeName": "node-1", "containers": [{"name": "main"}]}, "status": {}}
+
+    def start(self) -> FakePodList:
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._server.shutdown()
+        self._server.server_close()
+        self._thread.join(5)

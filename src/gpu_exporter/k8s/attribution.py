@@ -25,6 +25,7 @@ from gpu_exporter.k8s.dra import ClaimResolver, minor_of
 from gpu_exporter.k8s.energy import EnergyMeter
 from gpu_exporter.k8s.holders import KubeletHolders
 from gpu_exporter.k8s.model import PodRef
+from gpu_exporter.k8s.podlabels import PodLabelSource
 from gpu_exporter.k8s.podresources import PodResources
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
@@ -82,6 +83,7 @@ class PodAttributor:
         self._errors: Counter | None = None
         self._pods_gauge: Gauge | None = None
         self._claims_gauge: Gauge | None = None
+        self._labels_cut: Counter | None = None
         if registry is not None:
             self._errors = Counter(
                 "gpu_exporter_k8s_errors",
@@ -101,10 +103,32 @@ class PodAttributor:
                 ["state"],
                 registry=registry,
             )
+            if config.k8s_pod_labels:
+                self._labels_cut = Counter(
+                    "gpu_exporter_k8s_pod_labels_cut",
+                    "Pod labels matching k8s.pod-labels left off a pod (count, name: two keys that give one label "
+                    "name) or cut short (length), once per pod and key.",
+                    ["reason"],
+                    registry=registry,
+                )
         resolver = ClaimResolver(config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock)
         self._holders = KubeletHolders(
             config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._count, clock
         )
+        self._pod_labels: PodLabelSource | None = None
+        if config.k8s_pod_labels:  # opt-in: without it, no pod label and no request
+            self._pod_labels = PodLabelSource(
+                config.k8s_pod_list_url,
+                config.k8s_pod_labels,
+                config.k8s_pod_labels_max,
+                config.k8s_pod_label_max_length,
+                config.k8s_refresh_interval,
+                config.k8s_pod_list_token_file,
+                config.k8s_pod_list_ca_file,
+                count=self._count_cut,
+                error=lambda: self._count("pod_list"),
+                clock=clock,
+            )
 
     # --- public API ------------------------------------------------------------------------------
 
@@ -139,6 +163,8 @@ class PodAttributor:
         if not samples:
             return
         self._holders.refresh()
+        if self._pod_labels is not None:
+            self._pod_labels.refresh()
         for sample in samples:
             self._seq = max(self._seq, sample.seq)
             series, device_pods = self._account(sample)
@@ -171,6 +197,10 @@ class PodAttributor:
                     self._count("internal")
 
     # --- sources ---------------------------------------------------------------------------------
+
+    def _count_cut(self, reason: str, n: int) -> None:
+        if self._labels_cut is not None:
+            self._labels_cut.labels(reason).inc(n)
 
     def _count(self, source: str) -> None:
         if self._errors is not None:
@@ -239,7 +269,10 @@ class PodAttributor:
             self._step_energy(sample.timestamp, device, usage)
             base = device.device.labels()
             for pod in pods:
-                labels = (*base, *pod.labels(), ("pod_uid", self._uid(pod)))
+                uid = self._uid(pod)
+                labels = (*base, *pod.labels(), ("pod_uid", uid))
+                if self._pod_labels is not None:
+                    labels += self._pod_labels.labels(pod.namespace, pod.pod, uid)
                 info.append((NAMES["pod_info"], labels, 1.0))
                 present.append((device.device, pod))
                 used = usage.get(pod)

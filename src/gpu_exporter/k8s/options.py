@@ -4,7 +4,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gpu_exporter.config.parsers import Option, choice, parse_bool, parse_idle_power, parse_interval, parse_path
+from gpu_exporter.config.parsers import (
+    Option,
+    choice,
+    int_between,
+    parse_bool,
+    parse_http_url,
+    parse_idle_power,
+    parse_interval,
+    parse_path,
+    parse_regex,
+)
 
 __all__ = ["K8S_OPTIONS", "K8sOptions"]
 
@@ -18,6 +28,12 @@ class K8sOptions:
     k8s_idle_power: float | None = None  # watts; None: the lowest power seen on each GPU
     k8s_refresh_interval: float = 10.0
     k8s_cdi_spec_dirs: tuple[str, ...] = ("/etc/cdi", "/var/run/cdi")
+    k8s_pod_labels: str = ""  # regex of label keys; "" serves none
+    k8s_pod_list_url: str = "http://127.0.0.1:10255/pods"
+    k8s_pod_list_token_file: str = ""
+    k8s_pod_list_ca_file: str = ""
+    k8s_pod_labels_max: int = 8
+    k8s_pod_label_max_length: int = 128
 
 
 def parse_paths(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -80,5 +96,49 @@ K8S_OPTIONS: tuple[Option, ...] = (
         "CDI spec directories (comma-separated) where DRA drivers describe the devices of a claim: resolves "
         "a DRA GPU or MIG device to its UUID without the API server",
         "PATHS",
+    ),
+    Option(
+        "k8s.pod-labels",
+        "k8s_pod_labels",
+        parse_regex,
+        "pod label keys (a regular expression, matched in full) to put on the per-pod series as label_<key>, "
+        "read from the node's pod list (k8s.pod-list-url); empty: no pod labels",
+        "REGEX",
+    ),
+    Option(
+        "k8s.pod-list-url",
+        "k8s_pod_list_url",
+        parse_http_url,
+        "where the node's pods and their labels are listed: the kubelet's /pods (read-only port 10255, or "
+        "https on 10250 with a token), or KubeEdge's MetaServer (http://127.0.0.1:10550/api/v1/pods)",
+        "URL",
+    ),
+    Option(
+        "k8s.pod-list-token-file",
+        "k8s_pod_list_token_file",
+        parse_path,
+        "bearer token for k8s.pod-list-url (a service-account token allowed nodes/proxy for the kubelet's 10250)",
+        "PATH",
+    ),
+    Option(
+        "k8s.pod-list-ca-file",
+        "k8s_pod_list_ca_file",
+        parse_path,
+        "CA certificate for an https k8s.pod-list-url (the kubelet's serving certificate, when self-signed)",
+        "PATH",
+    ),
+    Option(
+        "k8s.pod-labels-max",
+        "k8s_pod_labels_max",
+        int_between(1, 64),
+        "most pod labels put on one pod's series (the first by key); the rest are counted, not served",
+        "N",
+    ),
+    Option(
+        "k8s.pod-label-max-length",
+        "k8s_pod_label_max_length",
+        int_between(1, 256),
+        "longest pod label value served, in characters; a longer one is cut and counted",
+        "N",
     ),
 )
