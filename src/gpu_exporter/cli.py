@@ -133,8 +133,16 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
 
         attributor = PodAttributor(config, ring, registry)
     view = _view(config, attributor)
-    exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
-    sampler = Sampler(backends, ring, config.interval, [exposition.update])
+    sections = [attributor.text] if attributor is not None else []
+    listeners = []
+    if config.processes_series and attributor is None:  # with attribution on, the attributor renders them
+        from gpu_exporter.k8s.processes import ProcessSeries
+
+        processes = ProcessSeries(config.path_procfs, config.processes_series_max, registry)
+        sections.append(processes.text)
+        listeners.append(processes.update)
+    exposition = Exposition(registry, view, sections)
+    sampler = Sampler(backends, ring, config.interval, [*listeners, exposition.update])
     registry.register(AgentCollector(sampler, ring, backends))
     selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
 

@@ -27,6 +27,7 @@ from gpu_exporter.k8s.holders import KubeletHolders
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.k8s.podlabels import PodLabelSource
 from gpu_exporter.k8s.podresources import PodResources
+from gpu_exporter.k8s.processes import ProcessNames, cut_counter, process_series
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
@@ -115,6 +116,8 @@ class PodAttributor:
         self._holders = KubeletHolders(
             config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._count, clock
         )
+        self._process_names = ProcessNames(config.path_procfs) if config.processes_series else None
+        self._process_cut = cut_counter(registry) if config.processes_series else None
         self._pod_labels: PodLabelSource | None = None
         if config.k8s_pod_labels:  # opt-in: without it, no pod label and no request
             self._pod_labels = PodLabelSource(
@@ -168,13 +171,20 @@ class PodAttributor:
         for sample in samples:
             self._seq = max(self._seq, sample.seq)
             series, device_pods = self._account(sample)
+        processes: list[PodSeries] = []
+        if self._process_names is not None:  # opt-in; on the page only, never forwarded
+            processes, cut = process_series(
+                samples[-1], self._config.processes_series_max, self._process_names, self._pod_of_pid
+            )
+            if self._process_cut is not None:
+                self._process_cut.set(cut)
         values: dict[str, dict[SeriesKey, float]] = {}
         for name, labels, value in series:
             pairs = dict(labels)
             key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"], pairs["pod_uid"]))
             values.setdefault(pairs["uuid"], {})[key] = value
         with self._lock:
-            self._text = render(series)
+            self._text = render(series + processes)
             self._values = values
             self._device_pods = device_pods
         if self._pods_gauge is not None:
@@ -239,6 +249,16 @@ class PodAttributor:
             self._rescan(self._clock())
             uid = self._directory.uids.get(key)
         return uid or ""
+
+    def _pod_of_pid(self, pid: int) -> tuple[PodRef, str, tuple[tuple[str, str], ...]] | None:
+        """The pod of a process of the newest sample (already looked up), for the per-process series."""
+        found = self._pids.get(pid)
+        names = self._directory.names(found.pod_uid, found.container_id) if found else None
+        if found is None or names is None:
+            return None
+        pod = PodRef(*names)
+        extra = self._pod_labels.labels(pod.namespace, pod.pod, found.pod_uid) if self._pod_labels else ()
+        return pod, found.pod_uid, extra
 
     def _pod_of(self, pid: int) -> PodRef | None:
         if pid not in self._pids:

@@ -34,6 +34,8 @@ class K8sOptions:
     k8s_pod_list_ca_file: str = ""
     k8s_pod_labels_max: int = 8
     k8s_pod_label_max_length: int = 128
+    processes_series: bool = False
+    processes_series_max: int = 10
 
 
 def parse_paths(text: str | list[str] | tuple[str, ...]) -> tuple[str, ...]:
@@ -139,6 +141,22 @@ K8S_OPTIONS: tuple[Option, ...] = (
         "k8s_pod_label_max_length",
         int_between(1, 256),
         "longest pod label value served, in characters; a longer one is cut and counted",
+        "N",
+    ),
+    Option(
+        "processes.series",
+        "processes_series",
+        parse_bool,
+        "per-process series: device memory and SM utilization of each GPU process, with pid, process_name "
+        "and, with pod attribution, its pod (gpu_process_*)",
+        "BOOL",
+    ),
+    Option(
+        "processes.series-max",
+        "processes_series_max",
+        int_between(1, 1000),
+        "per-process series for at most this many processes per GPU or MIG instance, the top by memory; "
+        "the rest are counted (gpu_exporter_process_series_cut)",
         "N",
     ),
 )
