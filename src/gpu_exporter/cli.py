@@ -248,8 +248,11 @@ def _view(config: cfg.Config, attributor: Any) -> Any:
         from gpu_exporter.naming import dcgm_view
 
         pods = (lambda uuid: attributor.device_pods().get(uuid)) if attributor is not None else None
+        shares = None
+        if attributor is not None and config.k8s_virtual_gpus:
+            shares = lambda uuid: attributor.device_pods().shares(uuid)  # noqa: E731 - as pods above
         return dcgm_view(
-            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods
+            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods, shares
         )
     return native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
 

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, Counter, Gauge
 
@@ -24,7 +24,7 @@ from gpu_exporter.k8s import cgroup, podlogs
 from gpu_exporter.k8s.dra import ClaimResolver, minor_of
 from gpu_exporter.k8s.energy import EnergyMeter
 from gpu_exporter.k8s.holders import KubeletHolders
-from gpu_exporter.k8s.model import PodRef
+from gpu_exporter.k8s.model import PodRef, PodShare
 from gpu_exporter.k8s.podlabels import PodLabelSource
 from gpu_exporter.k8s.podresources import PodResources
 from gpu_exporter.k8s.processes import ProcessNames, cut_counter, process_series
@@ -42,9 +42,14 @@ class DevicePods:
     """The containers on each device in the newest sample, for views that label device series."""
 
     by_uuid: dict[str, tuple[PodRef, ...]]
+    shares_by_uuid: dict[str, tuple[PodShare, ...]] = field(default_factory=dict)
 
     def get(self, uuid: str) -> tuple[PodRef, ...]:
         return self.by_uuid.get(uuid, ())
+
+    def shares(self, uuid: str) -> tuple[PodShare, ...]:
+        """Each container's part of the device: its UID, replica, memory and SM utilization."""
+        return self.shares_by_uuid.get(uuid, ())
 
 
 @dataclass
@@ -279,6 +284,7 @@ class PodAttributor:
         energy: list[PodSeries] = []
         present: list[tuple[DeviceId, PodRef]] = []
         by_uuid: dict[str, tuple[PodRef, ...]] = {}
+        shares: dict[str, tuple[PodShare, ...]] = {}
         for device in sample.devices:
             usage = self._usage(device)
             held = self._holders.held(device, minor_of(device))
@@ -286,16 +292,21 @@ class PodAttributor:
             if not pods:
                 continue
             by_uuid[device.device.uuid] = tuple(pods)
+            replicas = self._holders.replicas(device)
             self._step_energy(sample.timestamp, device, usage)
             base = device.device.labels()
+            device_shares: list[PodShare] = []
             for pod in pods:
                 uid = self._uid(pod)
+                used = usage.get(pod)
+                device_shares.append(
+                    PodShare(pod, uid, replicas.get(pod, ""), used.memory if used else 0.0, used.sm if used else 0.0)
+                )
                 labels = (*base, *pod.labels(), ("pod_uid", uid))
                 if self._pod_labels is not None:
                     labels += self._pod_labels.labels(pod.namespace, pod.pod, uid)
                 info.append((NAMES["pod_info"], labels, 1.0))
                 present.append((device.device, pod))
-                used = usage.get(pod)
                 if used is not None and used.memory_known:
                     memory.append((NAMES["pod_memory"], labels, used.memory))
                 if used is not None and used.sm_known:
@@ -303,8 +314,9 @@ class PodAttributor:
                 if self._meter.idle(device.device) is not None and ("power", ()) in device.values:
                     joules = self._meter.total(device.device, pod)
                     energy.append((NAMES["pod_energy"], labels, joules))
+            shares[device.device.uuid] = tuple(device_shares)
         self._meter.retain(present)
-        return info + memory + util + energy, DevicePods(by_uuid)
+        return info + memory + util + energy, DevicePods(by_uuid, shares)
 
     def _usage(self, device: DeviceSample) -> dict[PodRef, _Usage]:
         usage: dict[PodRef, _Usage] = {}

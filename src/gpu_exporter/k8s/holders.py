@@ -81,6 +81,14 @@ class KubeletHolders:
         out.update(pod for pod, targets in self._claims if any(t.matches(device, minor) for t in targets))
         return out
 
+    def replicas(self, sample: DeviceSample) -> dict[PodRef, str]:
+        """The time-slicing replica (``<id>::<n>``: n) each container holds of this device."""
+        return {
+            a.pod: a.device_id.split("::", 1)[1]
+            for a in self._resources.devices
+            if "::" in a.device_id and device_matches(a.device_id, sample.device)
+        }
+
     def claim_devices(self, devices: Iterable[DeviceSample]) -> tuple[int, int]:
         """(matched, unmatched): the claim devices of the last List that name a device of ``devices``, and
         those that name none (another driver's device, a spec not readable, a MIG device not seen yet)."""

@@ -34,6 +34,7 @@ class K8sOptions:
     k8s_pod_list_ca_file: str = ""
     k8s_pod_labels_max: int = 8
     k8s_pod_label_max_length: int = 128
+    k8s_virtual_gpus: bool = False
     processes_series: bool = False
     processes_series_max: int = 10
 
@@ -142,6 +143,14 @@ K8S_OPTIONS: tuple[Option, ...] = (
         int_between(1, 256),
         "longest pod label value served, in characters; a longer one is cut and counted",
         "N",
+    ),
+    Option(
+        "k8s.virtual-gpus",
+        "k8s_virtual_gpus",
+        parse_bool,
+        "with --metrics.naming=dcgm, serve a device held by pods once per pod (time-slicing: each with its "
+        "vgpu replica; GPU_UTIL and FB_USED with the pod's own share), as dcgm-exporter's --kubernetes-virtual-gpus",
+        "BOOL",
     ),
     Option(
         "processes.series",
