@@ -61,6 +61,20 @@ class _Usage:
     processes: int = 0
 
 
+def _capped(usage: dict[PodRef, _Usage], held: set[PodRef], n: int) -> tuple[list[PodRef], int]:
+    """The ``n`` containers of a device with the most memory, then SM, then holders by name (sorted by
+    name, as always served), and how many more there were. 4,000 processes of as many pods on one GPU
+    gave 16,000 per-pod series without the cap."""
+    everyone = set(usage) | held
+
+    def rank(pod: PodRef) -> tuple[float, float, PodRef]:
+        used = usage.get(pod)
+        return (-(used.memory if used else 0.0), -(used.sm if used else 0.0), pod)
+
+    kept = sorted(everyone, key=rank)[:n]
+    return sorted(kept), len(everyone) - len(kept)
+
+
 class PodAttributor:
     def __init__(
         self,
@@ -78,8 +92,12 @@ class PodAttributor:
         self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
         self._directory = podlogs.PodDirectory()
         self._scanned_at = float("-inf")
+        # (pod uid, container id) the scans did not name -> (when to look again, the wait after that)
+        self._missing: dict[tuple[str, str], tuple[float, float]] = {}
+        self._said_truncated = False
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid, from this sample's cgroups
         self._seq = 0
+        self.pods_cut = 0  # containers of the newest sample left off by k8s.max-pods-per-gpu
         self._lock = threading.Lock()
         self._text = ""
         self._values: dict[str, dict[SeriesKey, float]] = {}
@@ -89,6 +107,7 @@ class PodAttributor:
         self._errors: Counter | None = None
         self._pods_gauge: Gauge | None = None
         self._claims_gauge: Gauge | None = None
+        self._pods_cut_gauge: Gauge | None = None
         self._labels_cut: Counter | None = None
         if registry is not None:
             self._errors = Counter(
@@ -100,6 +119,11 @@ class PodAttributor:
             self._pods_gauge = Gauge(
                 "gpu_exporter_k8s_pods",
                 "Containers attributed to GPUs in the newest sample.",
+                registry=registry,
+            )
+            self._pods_cut_gauge = Gauge(
+                "gpu_exporter_k8s_pods_cut",
+                "Containers of the newest sample left off the per-pod series by k8s.max-pods-per-gpu.",
                 registry=registry,
             )
             self._claims_gauge = Gauge(
@@ -194,6 +218,8 @@ class PodAttributor:
             self._device_pods = device_pods
         if self._pods_gauge is not None:
             self._pods_gauge.set(sum(1 for name, _, _ in series if name == NAMES["pod_info"]))
+        if self._pods_cut_gauge is not None:
+            self._pods_cut_gauge.set(self.pods_cut)
         if self._claims_gauge is not None:
             matched, unmatched = self._holders.claim_devices(samples[-1].devices)
             self._claims_gauge.labels("matched").set(matched)
@@ -225,34 +251,61 @@ class PodAttributor:
         now = self._clock()
         stale = now - self._scanned_at >= self._config.k8s_refresh_interval
         # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
-        # once, but at most once a second.
+        # once, at most once a second; one the directories still do not name (a pod whose directory is
+        # gone, a link never written) is looked for again after 1 s, 2 s, 4 s ... up to the refresh
+        # interval, so that such processes cannot keep the directories re-read every second.
         pod = self._directory.pods.get(found.pod_uid)
         new_container = (
             pod is not None
-            and len(pod[2]) > 1
             and bool(found.container_id)
             and found.container_id not in self._directory.containers
+            and len(self._directory.container_names(found.pod_uid)) > 1
         )
-        unknown = (pod is None or new_container) and now - self._scanned_at >= 1.0
+        key = (found.pod_uid, found.container_id)
+        unknown = (pod is None or new_container) and self._due(key, now) and now - self._scanned_at >= 1.0
         if stale or unknown:
-            self._rescan(now)
+            self._rescan(now, clear=stale)
+            if self._directory.pods.get(found.pod_uid) is None or (
+                found.container_id and found.container_id not in self._directory.containers
+            ):
+                self._miss(key, now)
         names = self._directory.names(found.pod_uid, found.container_id)
         if not names:
             return None
         self._uids[names[:2]] = found.pod_uid
         return PodRef(*names)
 
-    def _rescan(self, now: float) -> None:
+    def _rescan(self, now: float, clear: bool = True) -> None:
         self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
         self._scanned_at = now
+        if clear:  # a scan of the refresh interval: every pod is looked for again
+            self._missing = {}
+        if self._directory.truncated and not self._said_truncated:
+            self._said_truncated = True
+            log.warning(
+                "%s or its containers/ has more than %d entries; only the first are read",
+                self._config.k8s_pod_logs_path,
+                podlogs.MAX_ENTRIES,
+            )
+
+    def _due(self, key: tuple[str, str], now: float) -> bool:
+        found = self._missing.get(key)
+        return found is None or now >= found[0]
+
+    def _miss(self, key: tuple[str, str], now: float) -> None:
+        wait = self._missing[key][1] if key in self._missing else 1.0
+        self._missing[key] = (now + wait, min(2 * wait, self._config.k8s_refresh_interval))
 
     def _uid(self, pod: PodRef) -> str:
         """The pod's UID: from a process's cgroup path, else from its log directory ("" if neither)."""
         key = (pod.namespace, pod.pod)
         uid = self._uids.get(key) or self._directory.uids.get(key)
-        if uid is None and self._clock() - self._scanned_at >= 1.0:  # a pod the kubelet lists, new to us
-            self._rescan(self._clock())
+        missing, now = (f"{pod.namespace}/{pod.pod}", ""), self._clock()
+        if uid is None and self._due(missing, now) and now - self._scanned_at >= 1.0:
+            self._rescan(now, clear=False)  # a pod the kubelet lists, new to us
             uid = self._directory.uids.get(key)
+            if uid is None:
+                self._miss(missing, now)
         return uid or ""
 
     def _pod_of_pid(self, pid: int) -> tuple[PodRef, str, tuple[tuple[str, str], ...]] | None:
@@ -285,10 +338,12 @@ class PodAttributor:
         present: list[tuple[DeviceId, PodRef]] = []
         by_uuid: dict[str, tuple[PodRef, ...]] = {}
         shares: dict[str, tuple[PodShare, ...]] = {}
+        cut = 0
         for device in sample.devices:
             usage = self._usage(device)
             held = self._holders.held(device, minor_of(device))
-            pods = sorted(set(usage) | held)
+            pods, more = _capped(usage, held, self._config.k8s_max_pods_per_gpu)
+            cut += more
             if not pods:
                 continue
             by_uuid[device.device.uuid] = tuple(pods)
@@ -316,6 +371,7 @@ class PodAttributor:
                     energy.append((NAMES["pod_energy"], labels, joules))
             shares[device.device.uuid] = tuple(device_shares)
         self._meter.retain(present)
+        self.pods_cut = cut
         return info + memory + util + energy, DevicePods(by_uuid, shares)
 
     def _usage(self, device: DeviceSample) -> dict[PodRef, _Usage]:

@@ -21,8 +21,6 @@ __all__ = ["KubeletHolders"]
 
 log = logging.getLogger(__name__)
 
-MAX_REPORTED = 64  # distinct failure texts remembered to log once; past it the memory starts over
-
 
 class KubeletHolders:
     def __init__(
@@ -43,7 +41,7 @@ class KubeletHolders:
         self._asked_at = float("-inf")
         self._resources = PodResources()
         self._claims: list[tuple[PodRef, list[Target]]] = []
-        self._reported: set[str] = set()
+        self._reported: set[str] = set()  # failure kinds said (a gRPC status each): a handful at most
 
     def refresh(self) -> None:
         """Ask the kubelet if the last answer is older than the refresh interval; resolve DRA claims."""
@@ -61,16 +59,12 @@ class KubeletHolders:
         except PodResourcesError as exc:
             # e.g. a non-root agent may not connect to the root-owned socket
             self._count("pod_resources")
-            self._report_once(f"{exc}; using /proc for pod attribution")
+            # once per kind of failure, not per text: a kubelet whose every error differs (a timestamp, a
+            # request id in it) would otherwise fill the log and this memory without end
+            if exc.kind not in self._reported:
+                self._reported.add(exc.kind)
+                log.warning("%s; using /proc for pod attribution", exc)
             return PodResources()
-
-    def _report_once(self, message: str) -> None:
-        if message in self._reported:
-            return
-        if len(self._reported) >= MAX_REPORTED:  # a kubelet whose every error differs: bounded memory
-            self._reported.clear()
-        self._reported.add(message)
-        log.warning("%s", message)
 
     def held(self, sample: DeviceSample, minor: int | None = None) -> set[PodRef]:
         """The containers the kubelet lists as holding this device (GPU or MIG instance)."""

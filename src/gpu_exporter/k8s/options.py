@@ -35,6 +35,7 @@ class K8sOptions:
     k8s_pod_labels_max: int = 8
     k8s_pod_label_max_length: int = 128
     k8s_virtual_gpus: bool = False
+    k8s_max_pods_per_gpu: int = 64
     processes_series: bool = False
     processes_series_max: int = 10
 
@@ -142,6 +143,14 @@ K8S_OPTIONS: tuple[Option, ...] = (
         "k8s_pod_label_max_length",
         int_between(1, 256),
         "longest pod label value served, in characters; a longer one is cut and counted",
+        "N",
+    ),
+    Option(
+        "k8s.max-pods-per-gpu",
+        "k8s_max_pods_per_gpu",
+        int_between(1, 10000),
+        "per-pod series for at most this many containers per GPU or MIG instance (those using the most "
+        "memory, then the most SM, then holders by name); the rest are counted (gpu_exporter_k8s_pods_cut)",
         "N",
     ),
     Option(

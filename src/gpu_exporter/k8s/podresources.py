@@ -46,7 +46,12 @@ GPU_RESOURCE_PREFIXES = ("nvidia.com/", "amd.com/")
 
 
 class PodResourcesError(Exception):
-    """The API could not be asked; the message is one line."""
+    """The API could not be asked; the message is one line. ``kind`` names the failure without the
+    kubelet's own words (a gRPC status, "bad response"): what to say once, with bounded memory."""
+
+    def __init__(self, message: str, kind: str = "") -> None:
+        super().__init__(message)
+        self.kind = kind or message
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,7 +142,9 @@ def list_pod_resources(socket_path: str, timeout: float = 5.0) -> PodResources:
     try:
         import grpc  # type: ignore[import-untyped]
     except ImportError:
-        raise PodResourcesError("grpcio is not installed (pip install 'gpu-exporter[kubernetes]')") from None
+        raise PodResourcesError(
+            "grpcio is not installed (pip install 'gpu-exporter[kubernetes]')", "no grpcio"
+        ) from None
     channel = grpc.insecure_channel(f"unix://{socket_path}")
     try:
         call = channel.unary_unary(LIST_METHOD)
@@ -148,10 +155,10 @@ def list_pod_resources(socket_path: str, timeout: float = 5.0) -> PodResources:
             detail = exc.details() if hasattr(exc, "details") else ""
             name = code.name if code is not None else "error"
             detail = " ".join(str(detail or "").split())[:200]  # one line, bounded: the kubelet's own text
-            raise PodResourcesError(f"pod-resources List on {socket_path}: {name} {detail}".strip()) from None
+            raise PodResourcesError(f"pod-resources List on {socket_path}: {name} {detail}".strip(), name) from None
     finally:
         channel.close()
     try:
         return decode_list_response(bytes(data))
     except ValueError as exc:
-        raise PodResourcesError(f"pod-resources List on {socket_path}: bad response ({exc})") from None
+        raise PodResourcesError(f"pod-resources List on {socket_path}: bad response ({exc})", "bad response") from None
