@@ -29,6 +29,7 @@ from gpu_exporter.k8s.podlabels import PodLabelSource
 from gpu_exporter.k8s.podresources import PodResources
 from gpu_exporter.k8s.processes import ProcessNames, cut_counter, process_series
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
+from gpu_exporter.k8s.slices import ResourceSlices, api_url
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
@@ -141,7 +142,20 @@ class PodAttributor:
                     ["reason"],
                     registry=registry,
                 )
-        resolver = ClaimResolver(config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock)
+        slices = None
+        if config.k8s_resource_slices:  # opt-in: the only source here that asks the API server
+            slices = ResourceSlices(
+                api_url(config.k8s_api_url),
+                config.k8s_api_token_file,
+                config.k8s_api_ca_file,
+                config.node_name,
+                config.k8s_refresh_interval,
+                error=lambda: self._count("resource_slices"),
+                clock=clock,
+            )
+        resolver = ClaimResolver(
+            config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock, slices
+        )
         self._holders = KubeletHolders(
             config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._count, clock
         )

@@ -4,8 +4,9 @@ The kubelet names a claim's device by driver, pool and device name (``gpu-0``) a
 it injected. The CDI specs on the node (``cdi.py``) say which device nodes, and so which GPU minor and
 MIG instances, or which UUIDs, each CDI device gives the container; the samples say which minor each
 GPU has (the ``device`` info, ``nvidia<minor>``). A MIG device made for the claim (dynamic MIG) is
-matched by its parent's minor and its GPU and compute instance IDs, whatever its UUID. Where no spec
-is readable, a device of NVIDIA's driver named ``gpu-<minor>`` is still that GPU.
+matched by its parent's minor and its GPU and compute instance IDs, whatever its UUID. A device no spec
+resolves is looked up in the ResourceSlices where that is enabled (``slices.py``); failing that, a
+device of NVIDIA's driver named ``gpu-<minor>`` is still that GPU.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 
 from gpu_exporter.k8s import cdi
 from gpu_exporter.k8s.podresources import ClaimDevice, device_matches
+from gpu_exporter.k8s.slices import ResourceSlices
 from gpu_exporter.model import DeviceId, DeviceSample
 
 __all__ = ["ClaimResolver", "Target"]
@@ -61,6 +63,7 @@ class ClaimResolver:
     procfs: str
     refresh: float = 10.0
     clock: Callable[[], float] = time.monotonic
+    slices: ResourceSlices | None = None
     _index: cdi.CdiIndex = field(default_factory=cdi.CdiIndex)
     _mig: cdi.MigMinors = field(default_factory=cdi.MigMinors)
     _scanned_at: float = float("-inf")
@@ -94,6 +97,8 @@ class ClaimResolver:
             found = self._index.devices.get(name)
             if found is not None:
                 out.extend(t for t in self._from_cdi(found) if t not in out)
+        if not out and self.slices is not None and (uuid := self.slices.uuid(claim.driver, claim.pool, claim.device)):
+            out.append(Target(uuid=uuid))
         if not out and claim.driver == NVIDIA_DRIVER and (match := _GPU_NAME.match(claim.device)):
             out.append(Target(minor=int(match.group(1))))
         return out
@@ -103,4 +108,11 @@ class ClaimResolver:
         if not claims:
             return []
         self._rescan(claims)
+        if self.slices is not None and any(not self._from_specs(claim) for claim in claims):
+            self.slices.refresh()
         return [(claim, self.targets(claim)) for claim in claims]
+
+    def _from_specs(self, claim: ClaimDevice) -> bool:
+        return any(
+            name in self._index.devices and self._from_cdi(self._index.devices[name]) for name in claim.cdi_devices
+        )

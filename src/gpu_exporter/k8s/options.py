@@ -35,6 +35,10 @@ class K8sOptions:
     k8s_pod_labels_max: int = 8
     k8s_pod_label_max_length: int = 128
     k8s_virtual_gpus: bool = False
+    k8s_resource_slices: bool = False
+    k8s_api_url: str = ""  # "": the in-cluster service (KUBERNETES_SERVICE_HOST)
+    k8s_api_token_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/token"
+    k8s_api_ca_file: str = "/var/run/secrets/kubernetes.io/serviceaccount/ca.crt"
     k8s_max_pods_per_gpu: int = 64
     processes_series: bool = False
     processes_series_max: int = 10
@@ -100,6 +104,35 @@ K8S_OPTIONS: tuple[Option, ...] = (
         "CDI spec directories (comma-separated) where DRA drivers describe the devices of a claim: resolves "
         "a DRA GPU or MIG device to its UUID without the API server",
         "PATHS",
+    ),
+    Option(
+        "k8s.resource-slices",
+        "k8s_resource_slices",
+        parse_bool,
+        "resolve DRA devices that no CDI spec names through this node's ResourceSlices on the API server "
+        "(needs a mounted service-account token allowed to list resourceslices)",
+        "BOOL",
+    ),
+    Option(
+        "k8s.api-url",
+        "k8s_api_url",
+        parse_http_url,
+        "the API server for k8s.resource-slices (default: the in-cluster service)",
+        "URL",
+    ),
+    Option(
+        "k8s.api-token-file",
+        "k8s_api_token_file",
+        parse_path,
+        "the service-account token for k8s.resource-slices",
+        "PATH",
+    ),
+    Option(
+        "k8s.api-ca-file",
+        "k8s_api_ca_file",
+        parse_path,
+        "the API server's CA for k8s.resource-slices",
+        "PATH",
     ),
     Option(
         "k8s.pod-labels",

@@ -17,24 +17,20 @@ per refresh interval, bounded in time and in bytes; a failing source keeps the l
 
 from __future__ import annotations
 
-import json
 import logging
 import re
-import ssl
 import time
-import urllib.request
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from gpu_exporter.k8s.listing import fetch_items
 from gpu_exporter.limits import MAX_NAME, bound_value
 
-__all__ = ["MAX_BYTES", "PodLabelSource", "select_labels"]
+__all__ = ["PodLabelSource", "select_labels"]
 
 log = logging.getLogger(__name__)
 
-MAX_BYTES = 16 * 1024 * 1024  # a node's pod list; 110 pods of large specs are a few MB
-TIMEOUT = 3.0
 _INVALID = re.compile(r"[^a-zA-Z0-9_]")
 
 Labels = tuple[tuple[str, str], ...]
@@ -153,36 +149,4 @@ class PodLabelSource:
         self._by_uid, self._by_name = by_uid, by_name
 
     def _fetch(self) -> list[Any]:
-        request = urllib.request.Request(self._url, headers={"Accept": "application/json"})
-        if self._token_file:
-            try:
-                with open(self._token_file, encoding="utf-8") as handle:
-                    token = handle.read(64 * 1024).strip()
-            except OSError as exc:
-                raise ValueError(f"cannot read the token file {self._token_file}: {exc.strerror or exc}") from None
-            request.add_header("Authorization", f"Bearer {token}")
-        context = None
-        if self._url.startswith("https://"):
-            try:
-                context = ssl.create_default_context(cafile=self._ca_file or None)
-            except (OSError, ssl.SSLError) as exc:
-                raise ValueError(f"cannot use the CA file {self._ca_file}: {exc}") from None
-        try:
-            # no proxy from the environment: the sources are on this node
-            opener = urllib.request.build_opener(
-                urllib.request.ProxyHandler({}), urllib.request.HTTPSHandler(context=context)
-            )
-            with opener.open(request, timeout=TIMEOUT) as response:
-                data = response.read(MAX_BYTES + 1)
-        except OSError as exc:  # URLError, HTTPError, timeouts, refused
-            raise ValueError(" ".join(str(exc).split())[:200]) from None
-        if len(data) > MAX_BYTES:
-            raise ValueError(f"the pod list is larger than {MAX_BYTES // (1024 * 1024)} MiB")
-        try:
-            body = json.loads(data)
-        except (ValueError, RecursionError):
-            raise ValueError("the answer is not JSON") from None
-        items = body.get("items") if isinstance(body, dict) else None
-        if not isinstance(items, list):
-            raise ValueError("the answer is not a PodList")
-        return items
+        return fetch_items(self._url, self._token_file, self._ca_file, "PodList")
