@@ -84,20 +84,32 @@ class PodResources:
     claims: list[ClaimDevice] = field(default_factory=list)
 
 
+_POD = frozenset({1, 2, 3})  # name, namespace, containers
+_CONTAINER = frozenset({1, 2, 5})  # name, devices, dynamic_resources
+_DEVICES = frozenset({1, 2})  # resource_name, device_ids
+_CLAIM = frozenset({2, 3, 4})  # claim_name, claim_namespace, claim_resources
+_CLAIM_RESOURCE = frozenset({1, 2, 3, 4})  # cdi_devices, driver_name, pool_name, device_name
+
+
+def _last(found: dict[int, list[bytes]], number: int) -> str:
+    values = found.get(number)
+    return wire.text(values[-1]) if values else ""  # proto3: the last one wins
+
+
 def _claims(ref: PodRef, message: bytes) -> list[ClaimDevice]:
-    names = wire.strings(message)
+    claim = wire.split(message, _CLAIM)
     out = []
-    for resource in wire.messages(message, 4):
-        values = wire.strings(resource)
-        cdi = tuple(wire.strings(d).get(1, "") for d in wire.messages(resource, 1))
+    for resource in claim.get(4, ()):
+        values = wire.split(resource, _CLAIM_RESOURCE)
+        cdi = (_last(wire.split(d, frozenset({1})), 1) for d in values.get(1, ()))
         out.append(
             ClaimDevice(
                 ref,
-                names.get(3, ""),
-                names.get(2, ""),
-                values.get(2, ""),
-                values.get(3, ""),
-                values.get(4, ""),
+                _last(claim, 3),
+                _last(claim, 2),
+                _last(values, 2),
+                _last(values, 3),
+                _last(values, 4),
                 tuple(name for name in cdi if name),
             )
         )
@@ -108,20 +120,17 @@ def decode_list_response(data: bytes) -> PodResources:
     """GPU devices (other device-plugin resources are skipped) and DRA claim devices per container."""
     out = PodResources()
     for pod_msg in wire.messages(data, 1):
-        names = wire.strings(pod_msg)
-        for container_msg in wire.messages(pod_msg, 3):
-            ref = PodRef(names.get(2, ""), names.get(1, ""), wire.strings(container_msg).get(1, ""))
-            for device_msg in wire.messages(container_msg, 2):
-                resource = ""
-                ids: list[str] = []
-                for n, w, v in wire.fields(device_msg):
-                    if n == 1 and w == 2:
-                        resource = wire.text(v)
-                    elif n == 2 and w == 2:
-                        ids.append(wire.text(v))
+        pod = wire.split(pod_msg, _POD)
+        name, namespace = _last(pod, 1), _last(pod, 2)
+        for container_msg in pod.get(3, ()):
+            container = wire.split(container_msg, _CONTAINER)
+            ref = PodRef(namespace, name, _last(container, 1))
+            for device_msg in container.get(2, ()):
+                device = wire.split(device_msg, _DEVICES)
+                resource = _last(device, 1)
                 if resource.startswith(GPU_RESOURCE_PREFIXES):
-                    out.devices.extend(Assignment(ref, resource, device_id) for device_id in ids)
-            for claim_msg in wire.messages(container_msg, 5):
+                    out.devices.extend(Assignment(ref, resource, wire.text(i)) for i in device.get(2, ()))
+            for claim_msg in container.get(5, ()):
                 out.claims.extend(_claims(ref, claim_msg))
     return out
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 
-__all__ = ["fields", "messages", "strings", "text"]
+__all__ = ["fields", "messages", "split", "strings", "text"]
 
 
 def _varint(data: bytes, pos: int) -> tuple[int, int]:
@@ -59,6 +59,15 @@ def messages(data: bytes, number: int) -> Iterator[bytes]:
     for n, wire, value in fields(data):
         if n == number and wire == 2 and isinstance(value, bytes):
             yield value
+
+
+def split(data: bytes, wanted: frozenset[int]) -> dict[int, list[bytes]]:
+    """The length-delimited values of the ``wanted`` fields, by field number, in order (others skipped)."""
+    out: dict[int, list[bytes]] = {}
+    for n, wire, v in fields(data):
+        if n in wanted and wire == 2 and isinstance(v, bytes):
+            out.setdefault(n, []).append(v)
+    return out
 
 
 def strings(data: bytes) -> dict[int, str]:
