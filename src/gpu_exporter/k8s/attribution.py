@@ -17,17 +17,19 @@ import time
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from gpu_exporter.config import Config
-from gpu_exporter.k8s import cgroup, podlogs
+from gpu_exporter.k8s import cgroup
 from gpu_exporter.k8s.dra import ClaimResolver, minor_of
 from gpu_exporter.k8s.energy import EnergyMeter
 from gpu_exporter.k8s.holders import KubeletHolders
+from gpu_exporter.k8s.metrics import AttributionMetrics
 from gpu_exporter.k8s.model import PodRef, PodShare
+from gpu_exporter.k8s.names import PodNames
 from gpu_exporter.k8s.podlabels import PodLabelSource
 from gpu_exporter.k8s.podresources import PodResources
-from gpu_exporter.k8s.processes import ProcessNames, cut_counter, process_series
+from gpu_exporter.k8s.processes import ProcessNames, process_series
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
 from gpu_exporter.k8s.slices import ResourceSlices, api_url
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
@@ -88,14 +90,9 @@ class PodAttributor:
     ) -> None:
         self._config = config
         self._ring = ring
-        self._clock = clock
         self._meter = EnergyMeter(config.k8s_idle_power, max_gap=max(60.0, 10 * config.interval))
         self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
-        self._directory = podlogs.PodDirectory()
-        self._scanned_at = float("-inf")
-        # (pod uid, container id) the scans did not name -> (when to look again, the wait after that)
-        self._missing: dict[tuple[str, str], tuple[float, float]] = {}
-        self._said_truncated = False
+        self._names = PodNames(config.k8s_pod_logs_path, config.k8s_refresh_interval, clock)
         self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid, from this sample's cgroups
         self._seq = 0
         self.pods_cut = 0  # containers of the newest sample left off by k8s.max-pods-per-gpu
@@ -105,43 +102,7 @@ class PodAttributor:
         self._device_pods = DevicePods({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._errors: Counter | None = None
-        self._pods_gauge: Gauge | None = None
-        self._claims_gauge: Gauge | None = None
-        self._pods_cut_gauge: Gauge | None = None
-        self._labels_cut: Counter | None = None
-        if registry is not None:
-            self._errors = Counter(
-                "gpu_exporter_k8s_errors",
-                "Pod attribution failures, by source.",
-                ["source"],
-                registry=registry,
-            )
-            self._pods_gauge = Gauge(
-                "gpu_exporter_k8s_pods",
-                "Containers attributed to GPUs in the newest sample.",
-                registry=registry,
-            )
-            self._pods_cut_gauge = Gauge(
-                "gpu_exporter_k8s_pods_cut",
-                "Containers of the newest sample left off the per-pod series by k8s.max-pods-per-gpu.",
-                registry=registry,
-            )
-            self._claims_gauge = Gauge(
-                "gpu_exporter_k8s_claim_devices",
-                "DRA claim devices in the kubelet's last answer, by whether they name a GPU of the newest "
-                "sample (unmatched: another driver's device, a CDI spec not readable, a MIG device not seen yet).",
-                ["state"],
-                registry=registry,
-            )
-            if config.k8s_pod_labels:
-                self._labels_cut = Counter(
-                    "gpu_exporter_k8s_pod_labels_cut",
-                    "Pod labels matching k8s.pod-labels left off a pod (count, name: two keys that give one label "
-                    "name) or cut short (length), once per pod and key.",
-                    ["reason"],
-                    registry=registry,
-                )
+        self._metrics = AttributionMetrics(registry, bool(config.k8s_pod_labels), config.processes_series)
         slices = None
         if config.k8s_resource_slices:  # opt-in: the only source here that asks the API server
             slices = ResourceSlices(
@@ -150,17 +111,16 @@ class PodAttributor:
                 config.k8s_api_ca_file,
                 config.node_name,
                 config.k8s_refresh_interval,
-                error=lambda: self._count("resource_slices"),
+                error=lambda: self._metrics.error("resource_slices"),
                 clock=clock,
             )
         resolver = ClaimResolver(
             config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock, slices
         )
         self._holders = KubeletHolders(
-            config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._count, clock
+            config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._metrics.error, clock
         )
         self._process_names = ProcessNames(config.path_procfs) if config.processes_series else None
-        self._process_cut = cut_counter(registry) if config.processes_series else None
         self._pod_labels: PodLabelSource | None = None
         if config.k8s_pod_labels:  # opt-in: without it, no pod label and no request
             self._pod_labels = PodLabelSource(
@@ -171,8 +131,8 @@ class PodAttributor:
                 config.k8s_refresh_interval,
                 config.k8s_pod_list_token_file,
                 config.k8s_pod_list_ca_file,
-                count=self._count_cut,
-                error=lambda: self._count("pod_list"),
+                count=self._metrics.labels_cut,
+                error=lambda: self._metrics.error("pod_list"),
                 clock=clock,
             )
 
@@ -215,12 +175,11 @@ class PodAttributor:
             self._seq = max(self._seq, sample.seq)
             series, device_pods = self._account(sample)
         processes: list[PodSeries] = []
+        process_cut = 0
         if self._process_names is not None:  # opt-in; on the page only, never forwarded
-            processes, cut = process_series(
+            processes, process_cut = process_series(
                 samples[-1], self._config.processes_series_max, self._process_names, self._pod_of_pid
             )
-            if self._process_cut is not None:
-                self._process_cut.set(cut)
         values: dict[str, dict[SeriesKey, float]] = {}
         for name, labels, value in series:
             pairs = dict(labels)
@@ -230,14 +189,12 @@ class PodAttributor:
             self._text = render(series + processes)
             self._values = values
             self._device_pods = device_pods
-        if self._pods_gauge is not None:
-            self._pods_gauge.set(sum(1 for name, _, _ in series if name == NAMES["pod_info"]))
-        if self._pods_cut_gauge is not None:
-            self._pods_cut_gauge.set(self.pods_cut)
-        if self._claims_gauge is not None:
-            matched, unmatched = self._holders.claim_devices(samples[-1].devices)
-            self._claims_gauge.labels("matched").set(matched)
-            self._claims_gauge.labels("unmatched").set(unmatched)
+        self._metrics.sample(
+            sum(1 for name, _, _ in series if name == NAMES["pod_info"]),
+            self.pods_cut,
+            self._holders.claim_devices(samples[-1].devices),
+            process_cut,
+        )
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -249,83 +206,18 @@ class PodAttributor:
                     self.process(samples)
                 except Exception:  # never let one bad cycle end attribution
                     log.exception("pod attribution failed for this sample")
-                    self._count("internal")
+                    self._metrics.error("internal")
 
     # --- sources ---------------------------------------------------------------------------------
 
-    def _count_cut(self, reason: str, n: int) -> None:
-        if self._labels_cut is not None:
-            self._labels_cut.labels(reason).inc(n)
-
-    def _count(self, source: str) -> None:
-        if self._errors is not None:
-            self._errors.labels(source).inc()
-
-    def _names(self, found: cgroup.ContainerCgroup) -> PodRef | None:
-        now = self._clock()
-        stale = now - self._scanned_at >= self._config.k8s_refresh_interval
-        # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
-        # once, at most once a second; one the directories still do not name (a pod whose directory is
-        # gone, a link never written) is looked for again after 1 s, 2 s, 4 s ... up to the refresh
-        # interval, so that such processes cannot keep the directories re-read every second.
-        pod = self._directory.pods.get(found.pod_uid)
-        new_container = (
-            pod is not None
-            and bool(found.container_id)
-            and found.container_id not in self._directory.containers
-            and len(self._directory.container_names(found.pod_uid)) > 1
-        )
-        key = (found.pod_uid, found.container_id)
-        unknown = (pod is None or new_container) and self._due(key, now) and now - self._scanned_at >= 1.0
-        if stale or unknown:
-            self._rescan(now, clear=stale)
-            if self._directory.pods.get(found.pod_uid) is None or (
-                found.container_id and found.container_id not in self._directory.containers
-            ):
-                self._miss(key, now)
-        names = self._directory.names(found.pod_uid, found.container_id)
-        if not names:
-            return None
-        self._uids[names[:2]] = found.pod_uid
-        return PodRef(*names)
-
-    def _rescan(self, now: float, clear: bool = True) -> None:
-        self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
-        self._scanned_at = now
-        if clear:  # a scan of the refresh interval: every pod is looked for again
-            self._missing = {}
-        if self._directory.truncated and not self._said_truncated:
-            self._said_truncated = True
-            log.warning(
-                "%s or its containers/ has more than %d entries; only the first are read",
-                self._config.k8s_pod_logs_path,
-                podlogs.MAX_ENTRIES,
-            )
-
-    def _due(self, key: tuple[str, str], now: float) -> bool:
-        found = self._missing.get(key)
-        return found is None or now >= found[0]
-
-    def _miss(self, key: tuple[str, str], now: float) -> None:
-        wait = self._missing[key][1] if key in self._missing else 1.0
-        self._missing[key] = (now + wait, min(2 * wait, self._config.k8s_refresh_interval))
-
     def _uid(self, pod: PodRef) -> str:
         """The pod's UID: from a process's cgroup path, else from its log directory ("" if neither)."""
-        key = (pod.namespace, pod.pod)
-        uid = self._uids.get(key) or self._directory.uids.get(key)
-        missing, now = (f"{pod.namespace}/{pod.pod}", ""), self._clock()
-        if uid is None and self._due(missing, now) and now - self._scanned_at >= 1.0:
-            self._rescan(now, clear=False)  # a pod the kubelet lists, new to us
-            uid = self._directory.uids.get(key)
-            if uid is None:
-                self._miss(missing, now)
-        return uid or ""
+        return self._uids.get((pod.namespace, pod.pod)) or self._names.uid(pod)
 
     def _pod_of_pid(self, pid: int) -> tuple[PodRef, str, tuple[tuple[str, str], ...]] | None:
         """The pod of a process of the newest sample (already looked up), for the per-process series."""
         found = self._pids.get(pid)
-        names = self._directory.names(found.pod_uid, found.container_id) if found else None
+        names = self._names.directory.names(found.pod_uid, found.container_id) if found else None
         if found is None or names is None:
             return None
         pod = PodRef(*names)
@@ -336,7 +228,10 @@ class PodAttributor:
         if pid not in self._pids:
             self._pids[pid] = cgroup.read_pid(self._config.path_procfs, pid)
         found = self._pids[pid]
-        return self._names(found) if found else None
+        pod = self._names.name(found) if found else None
+        if pod is not None and found is not None:
+            self._uids[(pod.namespace, pod.pod)] = found.pod_uid
+        return pod
 
     # --- one sample ------------------------------------------------------------------------------
 

@@ -14,8 +14,9 @@ import threading
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
-from prometheus_client import CollectorRegistry, Gauge
+from prometheus_client import CollectorRegistry
 
+from gpu_exporter.k8s.metrics import process_cut_gauge
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.k8s.render import PodSeries, render
 from gpu_exporter.limits import bound_value
@@ -94,7 +95,7 @@ class ProcessSeries:
         self._names = ProcessNames(procfs)
         self._lock = threading.Lock()
         self._text = ""
-        self.cut = cut_counter(registry)
+        self.cut = process_cut_gauge(registry) if registry is not None else None
 
     def update(self, sample: Sample) -> None:
         series, cut = process_series(sample, self._n, self._names)
@@ -107,13 +108,3 @@ class ProcessSeries:
     def text(self) -> str:
         with self._lock:
             return self._text
-
-
-def cut_counter(registry: CollectorRegistry | None) -> Gauge | None:
-    if registry is None:
-        return None
-    return Gauge(
-        "gpu_exporter_process_series_cut",
-        "GPU processes of the newest sample left off the per-process series by --processes.series-max.",
-        registry=registry,
-    )
