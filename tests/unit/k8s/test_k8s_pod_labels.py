@@ -146,3 +146,13 @@ def test_kubeedge_metaserver_with_a_bearer_token(tmp_path: object) -> None:
         assert 'label_app="trainer"' in attributor.text()
     finally:
         fake.stop()
+
+
+def test_per_process_series_carry_the_pods_chosen_labels(pod_list: FakePodList) -> None:
+    attributor = _attributor(pod_list, k8s_pod_labels="app", processes_series=True)
+    attributor.process([_fallback_sample(1, 1000.0)])
+    process = [ln for ln in attributor.text().splitlines() if ln.startswith("gpu_process_memory_used_bytes{")]
+    assert any(
+        'pid="1001"' in ln and ln.split("}")[0].endswith(f'pod_uid="{TRAINER_0}",label_app="trainer"') for ln in process
+    )
+    assert any('pid="1005"' in ln and "label_" not in ln for ln in process)  # Xorg: the host's
