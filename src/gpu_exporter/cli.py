@@ -133,8 +133,16 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
 
         attributor = PodAttributor(config, ring, registry)
     view = _view(config, attributor)
-    exposition = Exposition(registry, view, [attributor.text] if attributor is not None else [])
-    sampler = Sampler(backends, ring, config.interval, [exposition.update])
+    sections = [attributor.text] if attributor is not None else []
+    listeners = []
+    if config.processes_series and attributor is None:  # with attribution on, the attributor renders them
+        from gpu_exporter.k8s.processes import ProcessSeries
+
+        processes = ProcessSeries(config.path_procfs, config.processes_series_max, registry)
+        sections.append(processes.text)
+        listeners.append(processes.update)
+    exposition = Exposition(registry, view, sections)
+    sampler = Sampler(backends, ring, config.interval, [*listeners, exposition.update])
     exposition.stale = sampler.stale
     registry.register(AgentCollector(sampler, ring, backends))
     selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
@@ -246,8 +254,11 @@ def _view(config: cfg.Config, attributor: Any) -> Any:
         from gpu_exporter.naming import dcgm_view
 
         pods = (lambda uuid: attributor.device_pods().get(uuid)) if attributor is not None else None
+        shares = None
+        if attributor is not None and config.k8s_virtual_gpus:
+            shares = lambda uuid: attributor.device_pods().shares(uuid)  # noqa: E731 - as pods above
         return dcgm_view(
-            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods
+            config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods, shares
         )
     return native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
 

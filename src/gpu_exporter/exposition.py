@@ -13,8 +13,8 @@ import gzip
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
@@ -23,7 +23,7 @@ from gpu_exporter import __version__, catalog, hostread, openmetrics
 from gpu_exporter.backends.base import Backend
 from gpu_exporter.buildinfo import build_info_family
 from gpu_exporter.catalog import name_filter
-from gpu_exporter.model import DeviceId, Sample
+from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
 from gpu_exporter.web.server import Limits, Site, WebServer, parse_listen
@@ -33,6 +33,7 @@ __all__ = [
     "AgentCollector",
     "Exposition",
     "MetricsServer",
+    "Split",
     "View",
     "ViewFamily",
     "ViewSeries",
@@ -86,6 +87,16 @@ class ViewFamily:
         return f"# HELP {self.name} {_help(self.help)}\n# TYPE {self.name} {self.type}\n"
 
 
+@dataclass(frozen=True, slots=True)
+class Split:
+    """One copy of a device's series (a view that splits a shared GPU by pod): its labels, values that
+    replace the device's for this copy, and the only keys it carries (None: every key)."""
+
+    labels: str
+    values: Mapping[str, float] = field(default_factory=dict)
+    only: frozenset[str] | None = None
+
+
 @dataclass(frozen=True)
 class View:
     """How device readings become series: family names, units, labels."""
@@ -95,6 +106,8 @@ class View:
     info: ViewFamily | None
     device_labels: Callable[[DeviceId, dict[str, str]], str]
     info_labels: Callable[[DeviceId, dict[str, str]], str]
+    # copies of a device's series, one per pod sharing it (--k8s.virtual-gpus); None or []: one series
+    splits: Callable[[DeviceSample], Sequence[Split]] | None = None
 
 
 def _native_device_labels(device: DeviceId, info: dict[str, str]) -> str:
@@ -150,7 +163,13 @@ def render(sample: Sample, view: View) -> str:
         grouped: dict[str, list[tuple[tuple[str, ...], float]]] = {}
         for (key, dynamic), value in ds.values.items():
             grouped.setdefault(key, []).append((dynamic, value))
-        rows.append((labels, grouped))
+        splits = view.splits(ds) if view.splits is not None else ()
+        if not splits:
+            rows.append((labels, grouped))
+        for split in splits:
+            copy = {k: v for k, v in grouped.items() if split.only is None or k in split.only}
+            copy.update({k: [((), v)] for k, v in split.values.items() if k in copy})
+            rows.append((split.labels, copy))
     if up_lines and view.up is not None:
         out.append(view.up.header)
         out.extend(up_lines)

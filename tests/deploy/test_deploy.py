@@ -315,6 +315,9 @@ def test_pod_resources_component_is_opt_in(tmp_path: Path) -> None:
     agent = _agent(docs)
     mount = next(m for m in agent["volumeMounts"] if m["mountPath"] == "/var/lib/kubelet/pod-resources")
     assert mount["readOnly"] is True
+    # the CDI specs DRA drivers write, where the agent's default k8s.cdi-spec-dirs looks for them
+    cdi = {m["mountPath"]: m for m in agent["volumeMounts"] if m["mountPath"] in ("/etc/cdi", "/var/run/cdi")}
+    assert set(cdi) == set(config.Config().k8s_cdi_spec_dirs) and all(m["readOnly"] for m in cdi.values())
     configmap = _one(docs, "ConfigMap")
     assert "k8s.kubelet-socket: /var/lib/kubelet/pod-resources/kubelet.sock" in configmap["data"]["config.yaml"]
     ctx = agent["securityContext"]

@@ -38,7 +38,7 @@ INFO = {
     "driver_version": "550.54.15",
     "serial": "1320",
 }
-STANDARD = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "DCGM_FI_DRIVER_VERSION"]
+STANDARD = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "hostname", "DCGM_FI_DRIVER_VERSION"]
 
 
 def _expected() -> list[dict[str, str]]:
@@ -137,7 +137,7 @@ def test_labels_are_dcgm_exporters() -> None:
         "pci_bus_id": "00000000:07:00.0",
         "device": "nvidia0",
         "modelName": "NVIDIA A100-SXM4-40GB",
-        "Hostname": "edge-1",
+        "hostname": "edge-1",
         "DCGM_FI_DRIVER_VERSION": "550.54.15",
     }
     assert by_gpu["1"]["device"] == "nvidia1"
@@ -152,7 +152,7 @@ def test_labels_are_dcgm_exporters() -> None:
             "modelName": "NVIDIA A100-SXM4-40GB",
             "GPU_I_PROFILE": "1g.10gb",
             "GPU_I_ID": "7",
-            "Hostname": "edge-1",
+            "hostname": "edge-1",
             "DCGM_FI_DRIVER_VERSION": "550.54.15",
         }
     ]
@@ -253,7 +253,7 @@ def test_cli_serves_the_dcgm_page_with_pod_labels(exporter: tuple[int, Path]) ->
     page = _scrape_until(port, 'pod="trainer-0"')
     util = [ln for ln in page.splitlines() if ln.startswith("DCGM_FI_DEV_GPU_UTIL{")]
     assert len(util) == 2
-    assert all('Hostname="edge-1"' in ln and 'namespace="ml"' in ln for ln in util)
+    assert all('hostname="edge-1"' in ln and 'namespace="ml"' in ln for ln in util)
     assert "gpu_utilization_ratio" not in page
     assert "gpu_pod_info{" in page  # the per-pod section is appended in either naming
 

@@ -81,6 +81,6 @@ def test_gpu_up_and_gpu_info_are_served_in_dcgm_mode_with_dcgm_labels() -> None:
     families = {f.name: f for f in text_string_to_metric_families(render(sample, dcgm_view("edge-1")))}
     up = {s.labels["gpu"]: s.value for s in families["gpu_up"].samples}
     assert up == {"0": 1.0, "1": 0.0}  # an alert on gpu_up == 0 works in both modes
-    assert all(s.labels["UUID"] and s.labels["Hostname"] == "edge-1" for s in families["gpu_up"].samples)
+    assert all(s.labels["UUID"] and s.labels["hostname"] == "edge-1" for s in families["gpu_up"].samples)
     info = next(s for s in families["gpu_info"].samples if s.labels["gpu"] == "0")
     assert info.labels["serial"] == "1320" and info.labels["modelName"] == "NVIDIA H100"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gpu_exporter.catalog.metric import POD_LABELS, Metric, MetricType, Variant, entry, family
+from gpu_exporter.catalog.metric import POD_LABELS, PROCESS_LABELS, Metric, MetricType, Variant, entry, family
 
 # the per-pod series (k8s/): produced by the attributor, forwarded with the device's values
 _POD: tuple[tuple[str, str, MetricType, str], ...] = (
@@ -10,7 +10,7 @@ _POD: tuple[tuple[str, str, MetricType, str], ...] = (
         "pod_info",
         "gpu_pod_info",
         "gauge",
-        "1 for each container using a GPU, for joins: gpu, uuid, namespace, pod, container.",
+        "1 for each container using or holding a GPU, for joins: gpu, uuid, namespace, pod, container, pod_uid.",
     ),
     (
         "pod_memory",
@@ -221,6 +221,23 @@ METRICS: tuple[Metric, ...] = (
     ),
     # per-pod attribution (k8s/): produced by the attributor, forwarded with the device's values
     *(entry(key, name, type_, help_, "processes", labels=POD_LABELS) for key, name, type_, help_ in _POD),
+    # per-process series (opt-in, --processes.series): the top processes by memory on each GPU
+    entry(
+        "process_memory",
+        "gpu_process_memory_used_bytes",
+        "gauge",
+        "Device memory used by the process, in bytes (the top processes by memory of each GPU).",
+        "processes",
+        labels=PROCESS_LABELS,
+    ),
+    entry(
+        "process_utilization",
+        "gpu_process_utilization_ratio",
+        "gauge",
+        "SM utilization of the process in the last period (0-1).",
+        "processes",
+        labels=PROCESS_LABELS,
+    ),
     # --- GPU health at a glance: throttle time, the health summary, the last XID ---
     *family(
         "gpu_clock_event_seconds_total",

@@ -10,6 +10,7 @@ __all__ = [
     "MAXCLOCK_HELP",
     "PCIE_HELP",
     "POD_LABELS",
+    "PROCESS_LABELS",
     "TEMP_HELP",
     "Metric",
     "MetricType",
@@ -127,4 +128,8 @@ TEMP_HELP = "Temperature in degrees Celsius, by sensor."
 CLOCK_HELP = "Current clock frequency in hertz, by clock domain."
 MAXCLOCK_HELP = "Maximum clock frequency in hertz, by clock domain."
 PCIE_HELP = "PCIe throughput in bytes per second, by direction."
-POD_LABELS = ("namespace", "pod", "container")  # labels of the per-pod series
+# labels of the per-pod series; pod_uid last, so that a bridge reading an older agent's three values
+# still names them right
+POD_LABELS = ("namespace", "pod", "container", "pod_uid")
+# labels of the per-process series (opt-in, --processes.series): the process, then its pod ("" for none)
+PROCESS_LABELS = ("pid", "process_name", *POD_LABELS)

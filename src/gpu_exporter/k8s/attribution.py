@@ -2,33 +2,36 @@
 
 Nothing here runs on the scrape path: the exposition appends ``text()``, a string rebuilt once per
 sample. The kubelet's pod-resources API (when its socket exists) names the containers that hold each
-GPU even while they run no process; the /proc fallback names the containers whose processes the driver
-reports, which is all KubeEdge offers. Both feed the same series; a pod whose processes exit and that
-the kubelet no longer lists disappears from the next page.
+GPU even while they run no process, by device plugin or by DRA claim (``holders.py``); the /proc
+fallback names the containers whose processes the driver reports, which is all KubeEdge offers. Both
+feed the same series; a pod whose processes exit and that the kubelet no longer lists disappears from
+the page once the kubelet has been asked again. Every per-pod series carries ``pod_uid``: from the
+process's cgroup path, else from the pod's log directory name.
 """
 
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
 from gpu_exporter.config import Config
-from gpu_exporter.k8s import cgroup, podlogs
+from gpu_exporter.k8s import cgroup
+from gpu_exporter.k8s.dra import ClaimResolver, minor_of
 from gpu_exporter.k8s.energy import EnergyMeter
-from gpu_exporter.k8s.model import PodRef
-from gpu_exporter.k8s.podresources import (
-    Assignment,
-    PodResourcesError,
-    device_matches,
-    list_pod_resources,
-)
+from gpu_exporter.k8s.holders import KubeletHolders
+from gpu_exporter.k8s.metrics import AttributionMetrics
+from gpu_exporter.k8s.model import PodRef, PodShare
+from gpu_exporter.k8s.names import PodNames
+from gpu_exporter.k8s.podlabels import PodLabelSource
+from gpu_exporter.k8s.podresources import PodResources
+from gpu_exporter.k8s.processes import ProcessNames, process_series
 from gpu_exporter.k8s.render import KEYS, NAMES, PodSeries, render
+from gpu_exporter.k8s.slices import ResourceSlices, api_url
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
 from gpu_exporter.ring import RingBuffer
 
@@ -42,9 +45,14 @@ class DevicePods:
     """The containers on each device in the newest sample, for views that label device series."""
 
     by_uuid: dict[str, tuple[PodRef, ...]]
+    shares_by_uuid: dict[str, tuple[PodShare, ...]] = field(default_factory=dict)
 
     def get(self, uuid: str) -> tuple[PodRef, ...]:
         return self.by_uuid.get(uuid, ())
+
+    def shares(self, uuid: str) -> tuple[PodShare, ...]:
+        """Each container's part of the device: its UID, replica, memory and SM utilization."""
+        return self.shares_by_uuid.get(uuid, ())
 
 
 @dataclass
@@ -56,6 +64,20 @@ class _Usage:
     processes: int = 0
 
 
+def _capped(usage: dict[PodRef, _Usage], held: set[PodRef], n: int) -> tuple[list[PodRef], int]:
+    """The ``n`` containers of a device with the most memory, then SM, then holders by name (sorted by
+    name, as always served), and how many more there were. 4,000 processes of as many pods on one GPU
+    gave 16,000 per-pod series without the cap."""
+    everyone = set(usage) | held
+
+    def rank(pod: PodRef) -> tuple[float, float, PodRef]:
+        used = usage.get(pod)
+        return (-(used.memory if used else 0.0), -(used.sm if used else 0.0), pod)
+
+    kept = sorted(everyone, key=rank)[:n]
+    return sorted(kept), len(everyone) - len(kept)
+
+
 class PodAttributor:
     def __init__(
         self,
@@ -63,37 +85,55 @@ class PodAttributor:
         ring: RingBuffer,
         registry: CollectorRegistry | None = None,
         *,
-        lister: Callable[[str], list[Assignment]] | None = None,
+        lister: Callable[[str], PodResources] | None = None,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._config = config
         self._ring = ring
-        self._lister = lister or list_pod_resources
         self._meter = EnergyMeter(config.k8s_idle_power, max_gap=max(60.0, 10 * config.interval))
         self._pids: dict[int, cgroup.ContainerCgroup | None] = {}
-        self._directory = podlogs.PodDirectory()
-        self._scanned_at = float("-inf")
-        self._api_retry_at = float("-inf")
+        self._names = PodNames(config.k8s_pod_logs_path, config.k8s_refresh_interval, clock)
+        self._uids: dict[tuple[str, str], str] = {}  # (namespace, pod) -> uid, from this sample's cgroups
         self._seq = 0
+        self.pods_cut = 0  # containers of the newest sample left off by k8s.max-pods-per-gpu
         self._lock = threading.Lock()
         self._text = ""
         self._values: dict[str, dict[SeriesKey, float]] = {}
         self._device_pods = DevicePods({})
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._reported: set[str] = set()
-        self._errors: Counter | None = None
-        self._pods_gauge: Gauge | None = None
-        if registry is not None:
-            self._errors = Counter(
-                "gpu_exporter_k8s_errors",
-                "Pod attribution failures, by source.",
-                ["source"],
-                registry=registry,
+        self._metrics = AttributionMetrics(registry, bool(config.k8s_pod_labels), config.processes_series)
+        slices = None
+        if config.k8s_resource_slices:  # opt-in: the only source here that asks the API server
+            slices = ResourceSlices(
+                api_url(config.k8s_api_url),
+                config.k8s_api_token_file,
+                config.k8s_api_ca_file,
+                config.node_name,
+                config.k8s_refresh_interval,
+                error=lambda: self._metrics.error("resource_slices"),
+                clock=clock,
             )
-            self._pods_gauge = Gauge(
-                "gpu_exporter_k8s_pods",
-                "Containers attributed to GPUs in the newest sample.",
-                registry=registry,
+        resolver = ClaimResolver(
+            config.k8s_cdi_spec_dirs, config.path_procfs, config.k8s_refresh_interval, clock, slices
+        )
+        self._holders = KubeletHolders(
+            config.k8s_kubelet_socket, config.k8s_refresh_interval, resolver, lister, self._metrics.error, clock
+        )
+        self._process_names = ProcessNames(config.path_procfs) if config.processes_series else None
+        self._pod_labels: PodLabelSource | None = None
+        if config.k8s_pod_labels:  # opt-in: without it, no pod label and no request
+            self._pod_labels = PodLabelSource(
+                config.k8s_pod_list_url,
+                config.k8s_pod_labels,
+                config.k8s_pod_labels_max,
+                config.k8s_pod_label_max_length,
+                config.k8s_refresh_interval,
+                config.k8s_pod_list_token_file,
+                config.k8s_pod_list_ca_file,
+                count=self._metrics.labels_cut,
+                error=lambda: self._metrics.error("pod_list"),
+                clock=clock,
             )
 
     # --- public API ------------------------------------------------------------------------------
@@ -128,21 +168,33 @@ class PodAttributor:
         samples = list(samples)
         if not samples:
             return
-        assignments = self._ask_kubelet()
+        self._holders.refresh()
+        if self._pod_labels is not None:
+            self._pod_labels.refresh()
         for sample in samples:
             self._seq = max(self._seq, sample.seq)
-            series, device_pods = self._account(sample, assignments)
+            series, device_pods = self._account(sample)
+        processes: list[PodSeries] = []
+        process_cut = 0
+        if self._process_names is not None:  # opt-in; on the page only, never forwarded
+            processes, process_cut = process_series(
+                samples[-1], self._config.processes_series_max, self._process_names, self._pod_of_pid
+            )
         values: dict[str, dict[SeriesKey, float]] = {}
         for name, labels, value in series:
             pairs = dict(labels)
-            key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"]))
+            key = (KEYS[name], (pairs["namespace"], pairs["pod"], pairs["container"], pairs["pod_uid"]))
             values.setdefault(pairs["uuid"], {})[key] = value
         with self._lock:
-            self._text = render(series)
+            self._text = render(series + processes)
             self._values = values
             self._device_pods = device_pods
-        if self._pods_gauge is not None:
-            self._pods_gauge.set(sum(1 for name, _, _ in series if name == NAMES["pod_info"]))
+        self._metrics.sample(
+            sum(1 for name, _, _ in series if name == NAMES["pod_info"]),
+            self.pods_cut,
+            self._holders.claim_devices(samples[-1].devices),
+            process_cut,
+        )
 
     # --- the thread ------------------------------------------------------------------------------
 
@@ -154,84 +206,71 @@ class PodAttributor:
                     self.process(samples)
                 except Exception:  # never let one bad cycle end attribution
                     log.exception("pod attribution failed for this sample")
-                    self._count("internal")
+                    self._metrics.error("internal")
 
     # --- sources ---------------------------------------------------------------------------------
 
-    def _count(self, source: str) -> None:
-        if self._errors is not None:
-            self._errors.labels(source).inc()
+    def _uid(self, pod: PodRef) -> str:
+        """The pod's UID: from a process's cgroup path, else from its log directory ("" if neither)."""
+        return self._uids.get((pod.namespace, pod.pod)) or self._names.uid(pod)
 
-    def _report_once(self, message: str) -> None:
-        if message not in self._reported:
-            self._reported.add(message)
-            log.warning("%s", message)
-
-    def _ask_kubelet(self) -> list[Assignment]:
-        socket_path = self._config.k8s_kubelet_socket
-        if not os.path.exists(socket_path) or time.monotonic() < self._api_retry_at:
-            return []
-        try:
-            return self._lister(socket_path)
-        except PodResourcesError as exc:
-            # e.g. a non-root agent may not connect to the root-owned socket: ask again only after
-            # the refresh interval, and meanwhile name pods through /proc alone
-            self._api_retry_at = time.monotonic() + self._config.k8s_refresh_interval
-            self._count("pod_resources")
-            self._report_once(f"{exc}; using /proc for pod attribution")
-            return []
-
-    def _names(self, found: cgroup.ContainerCgroup) -> PodRef | None:
-        now = time.monotonic()
-        stale = now - self._scanned_at >= self._config.k8s_refresh_interval
-        # A pod we have not seen yet, or a new container (a restart) in a pod of several: re-index at
-        # once, but at most once a second.
-        pod = self._directory.pods.get(found.pod_uid)
-        new_container = (
-            pod is not None
-            and len(pod[2]) > 1
-            and bool(found.container_id)
-            and found.container_id not in self._directory.containers
-        )
-        unknown = (pod is None or new_container) and now - self._scanned_at >= 1.0
-        if stale or unknown:
-            self._directory = podlogs.scan(self._config.k8s_pod_logs_path)
-            self._scanned_at = now
-        names = self._directory.names(found.pod_uid, found.container_id)
-        return PodRef(*names) if names else None
+    def _pod_of_pid(self, pid: int) -> tuple[PodRef, str, tuple[tuple[str, str], ...]] | None:
+        """The pod of a process of the newest sample (already looked up), for the per-process series."""
+        found = self._pids.get(pid)
+        names = self._names.directory.names(found.pod_uid, found.container_id) if found else None
+        if found is None or names is None:
+            return None
+        pod = PodRef(*names)
+        extra = self._pod_labels.labels(pod.namespace, pod.pod, found.pod_uid) if self._pod_labels else ()
+        return pod, found.pod_uid, extra
 
     def _pod_of(self, pid: int) -> PodRef | None:
         if pid not in self._pids:
             self._pids[pid] = cgroup.read_pid(self._config.path_procfs, pid)
         found = self._pids[pid]
-        return self._names(found) if found else None
+        pod = self._names.name(found) if found else None
+        if pod is not None and found is not None:
+            self._uids[(pod.namespace, pod.pod)] = found.pod_uid
+        return pod
 
     # --- one sample ------------------------------------------------------------------------------
 
-    def _account(self, sample: Sample, assignments: list[Assignment]) -> tuple[list[PodSeries], DevicePods]:
+    def _account(self, sample: Sample) -> tuple[list[PodSeries], DevicePods]:
         live_pids = {p.pid for d in sample.devices for p in d.processes}
         for pid in [p for p in self._pids if p not in live_pids]:
             del self._pids[pid]  # exited: its PID may be reused by another pod's process
+        self._uids = {}  # learnt again from this sample's processes
         info: list[PodSeries] = []
         memory: list[PodSeries] = []
         util: list[PodSeries] = []
         energy: list[PodSeries] = []
         present: list[tuple[DeviceId, PodRef]] = []
         by_uuid: dict[str, tuple[PodRef, ...]] = {}
+        shares: dict[str, tuple[PodShare, ...]] = {}
+        cut = 0
         for device in sample.devices:
             usage = self._usage(device)
-            held = {a.pod for a in assignments if device_matches(a.device_id, device.device)}
-            pods = sorted(set(usage) | held)
+            held = self._holders.held(device, minor_of(device))
+            pods, more = _capped(usage, held, self._config.k8s_max_pods_per_gpu)
+            cut += more
             if not pods:
                 continue
             by_uuid[device.device.uuid] = tuple(pods)
+            replicas = self._holders.replicas(device)
             self._step_energy(sample.timestamp, device, usage)
             base = device.device.labels()
+            device_shares: list[PodShare] = []
             for pod in pods:
-                labels = base + pod.labels()
+                uid = self._uid(pod)
+                used = usage.get(pod)
+                device_shares.append(
+                    PodShare(pod, uid, replicas.get(pod, ""), used.memory if used else 0.0, used.sm if used else 0.0)
+                )
+                labels = (*base, *pod.labels(), ("pod_uid", uid))
+                if self._pod_labels is not None:
+                    labels += self._pod_labels.labels(pod.namespace, pod.pod, uid)
                 info.append((NAMES["pod_info"], labels, 1.0))
                 present.append((device.device, pod))
-                used = usage.get(pod)
                 if used is not None and used.memory_known:
                     memory.append((NAMES["pod_memory"], labels, used.memory))
                 if used is not None and used.sm_known:
@@ -239,8 +278,10 @@ class PodAttributor:
                 if self._meter.idle(device.device) is not None and ("power", ()) in device.values:
                     joules = self._meter.total(device.device, pod)
                     energy.append((NAMES["pod_energy"], labels, joules))
+            shares[device.device.uuid] = tuple(device_shares)
         self._meter.retain(present)
-        return info + memory + util + energy, DevicePods(by_uuid)
+        self.pods_cut = cut
+        return info + memory + util + energy, DevicePods(by_uuid, shares)
 
     def _usage(self, device: DeviceSample) -> dict[PodRef, _Usage]:
         usage: dict[PodRef, _Usage] = {}

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 from gpu_exporter.limits import bound_value
 
-__all__ = ["PodRef"]
+__all__ = ["PodRef", "PodShare"]
 
 
 @dataclass(frozen=True, slots=True, order=True)
@@ -24,3 +24,14 @@ class PodRef:
             ("pod", bound_value(self.pod)),
             ("container", bound_value(self.container)),
         )
+
+
+@dataclass(frozen=True, slots=True)
+class PodShare:
+    """One container's part of a device in the newest sample, for views that split a shared GPU by pod."""
+
+    pod: PodRef
+    uid: str = ""
+    vgpu: str = ""  # the time-slicing replica the device plugin gave it (``<id>::<n>``), "" for none
+    memory: float = 0.0  # bytes of its processes (0 for an idle holder)
+    sm: float = 0.0  # summed SM utilization of its processes, 0-1

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 
 from gpu_exporter import catalog
-from gpu_exporter.catalog.metric import POD_LABELS
+from gpu_exporter.catalog.metric import POD_LABELS, PROCESS_LABELS
 
 __all__ = ["FAMILIES", "KEYS", "NAMES", "PodSeries", "render"]
 
@@ -13,8 +13,9 @@ __all__ = ["FAMILIES", "KEYS", "NAMES", "PodSeries", "render"]
 # from the catalog, so that /metrics and the forwarded series agree
 KEYS: dict[str, str] = {m.name: m.key for m in catalog.CATALOG if m.labels == POD_LABELS}
 NAMES: dict[str, str] = {key: name for name, key in KEYS.items()}  # catalog key -> family name
+# the per-pod families, then the per-process ones (opt-in)
 FAMILIES: dict[str, tuple[str, str]] = {
-    name: (catalog.by_key(key).type, catalog.by_key(key).help) for name, key in KEYS.items()
+    m.name: (m.type, m.help) for m in catalog.CATALOG if m.labels in (POD_LABELS, PROCESS_LABELS)
 }
 
 # (family name, label pairs, value)

@@ -41,7 +41,7 @@ def test_an_identity_option_past_its_bound_is_one_line_and_exit_2(flag: str, exp
     ("name", "expected"), [("n" * 300, "--node-name: 300 bytes long, at most 253"), ("edge\x1b1", "control characters")]
 )
 def test_the_node_name_is_bounded_without_forwarding_too(name: str, expected: str) -> None:
-    """It is a label value on the page (the DCGM view's Hostname); only forwarding makes it a topic level."""
+    """It is a label value on the page (the DCGM view's hostname); only forwarding makes it a topic level."""
     result = _start("--gpu-vendor=fake", "--node-name=" + name)
     assert result.returncode == 2 and expected in result.stderr, result.stderr[-300:]
     assert result.stderr.count("\n") == 1

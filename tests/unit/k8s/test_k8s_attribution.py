@@ -25,6 +25,7 @@ GPU1 = DeviceId("1", "GPU-bbbb")
 GPU2 = DeviceId("2", "GPU-cccc")
 MIG = DeviceId("3", "MIG-1111", "1", "0", "1g.10gb", "GPU-dddd")
 GiB = 1024**3
+TRAINER_0_UID = 'pod_uid="1a2b3c4d-0000-4000-8000-000000000001"'  # from its cgroup path and log directory
 
 
 def _config(socket: str = "/nonexistent/kubelet.sock", idle: float | None = 50.0) -> Config:
@@ -97,7 +98,8 @@ def test_finished_pod_disappears_at_once() -> None:
     assert 'pod="trainer-1"' not in text
     # trainer-0 keeps its running total: 300 J + 2 s x 200 W, all its own now = 700 J
     assert (
-        'gpu_pod_energy_joules_total{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",container="trainer"} 700\n'
+        'gpu_pod_energy_joules_total{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",container="trainer",'
+        f"{TRAINER_0_UID}}} 700\n"
     ) in text
 
 
@@ -135,7 +137,8 @@ def test_pod_resources_names_pods_without_processes(kubelet: FakeKubelet) -> Non
         ("infer-b", "serve", [("server", [("nvidia.com/gpu", ["GPU-cccc::1"])])]),
         ("notebook", "ml", [("jupyter", [("nvidia.com/mig-1g.10gb", ["MIG-1111"])])]),
     ]
-    attributor = PodAttributor(_config(kubelet.socket), RingBuffer(8))
+    now = [0.0]
+    attributor = PodAttributor(_config(kubelet.socket), RingBuffer(8), clock=lambda: now[0])
     sample = _sample(
         1,
         1000.0,
@@ -148,19 +151,27 @@ def test_pod_resources_names_pods_without_processes(kubelet: FakeKubelet) -> Non
     info = sorted(line for line in attributor.text().splitlines() if line.startswith("gpu_pod_info"))
     assert info == sorted(
         [
-            'gpu_pod_info{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",container="trainer"} 1',
-            'gpu_pod_info{gpu="1",uuid="GPU-bbbb",namespace="batch",pod="idle-job",container="main"} 1',
-            'gpu_pod_info{gpu="2",uuid="GPU-cccc",namespace="serve",pod="infer-a",container="server"} 1',
-            'gpu_pod_info{gpu="2",uuid="GPU-cccc",namespace="serve",pod="infer-b",container="server"} 1',
+            f'gpu_pod_info{{gpu="0",uuid="GPU-aaaa",namespace="ml",pod="trainer-0",container="trainer",{TRAINER_0_UID}}} 1',
+            # no process, no log directory in the fixtures: no UID to be had
+            'gpu_pod_info{gpu="1",uuid="GPU-bbbb",namespace="batch",pod="idle-job",container="main",pod_uid=""} 1',
+            'gpu_pod_info{gpu="2",uuid="GPU-cccc",namespace="serve",pod="infer-a",container="server",pod_uid=""} 1',
+            'gpu_pod_info{gpu="2",uuid="GPU-cccc",namespace="serve",pod="infer-b",container="server",pod_uid=""} 1',
+            # no process either: its UID from its log directory's name
             'gpu_pod_info{gpu="3",uuid="MIG-1111",gpu_instance="1",compute_instance="0",mig_profile="1g.10gb",'
-            'parent_uuid="GPU-dddd",namespace="ml",pod="notebook",container="jupyter"} 1',
+            'parent_uuid="GPU-dddd",namespace="ml",pod="notebook",container="jupyter",'
+            'pod_uid="44444444-4444-4444-8444-444444444444"} 1',
         ]
     )
     # the same container seen by both sources is one series, with the process's memory
     assert attributor.text().count('pod="trainer-0"') == 4  # info, memory, utilization, energy
-    # the kubelet stops listing a finished pod: gone from the next page
+    # the kubelet stops listing a finished pod: the List is kept for the refresh interval (10 s) ...
     kubelet.pods = [p for p in kubelet.pods if p[0] != "idle-job"]
+    now[0] = 5.0
     attributor.process([_sample(2, 1001.0, *sample.devices)])
+    assert "idle-job" in attributor.text() and kubelet.calls == 1
+    # ... and the pod is gone from the page that follows the next List
+    now[0] = 10.0
+    attributor.process([_sample(3, 1002.0, *sample.devices)])
     assert "idle-job" not in attributor.text()
     assert kubelet.calls == 2
 
@@ -210,8 +221,8 @@ def test_min_observed_idle_power_when_not_configured() -> None:
 
     attributor.process([at(1, 0.0, 250.0), at(2, 2.0, 150.0), at(3, 4.0, 250.0)])
     text = attributor.text()
-    assert 'pod="trainer-0",container="trainer"} 150\n' in text
-    assert 'pod="trainer-1",container="trainer"} 50\n' in text
+    assert f'pod="trainer-0",container="trainer",{TRAINER_0_UID}}} 150\n' in text
+    assert 'pod="trainer-1",container="trainer",pod_uid="55555555-5555-4555-8555-555555555555"} 50\n' in text
 
 
 def test_restarted_container_is_named_once_its_link_appears(tmp_path: Path) -> None:

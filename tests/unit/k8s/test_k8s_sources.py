@@ -129,7 +129,7 @@ def test_list_over_the_socket_gives_gpu_devices_per_container(kubelet: FakeKubel
         ),
         ("web", "default", [("nginx", [])]),
     ]
-    assignments = list_pod_resources(kubelet.socket)
+    assignments = list_pod_resources(kubelet.socket).devices
     assert assignments == [
         Assignment(PodRef("ml", "trainer-0", "trainer"), "nvidia.com/gpu", "GPU-aaaa"),
         Assignment(PodRef("ml", "trainer-0", "trainer"), "nvidia.com/gpu", "GPU-bbbb"),
@@ -156,7 +156,7 @@ def test_socket_without_a_server_is_one_line(tmp_path: Path) -> None:
 
 def test_truncated_response_is_rejected() -> None:
     data = encode_response([("p", "ns", [("c", [("nvidia.com/gpu", ["GPU-aaaa"])])])])
-    assert decode_list_response(data)  # whole: fine
+    assert decode_list_response(data).devices  # whole: fine
     with pytest.raises(ValueError):
         decode_list_response(data[:-3])
 

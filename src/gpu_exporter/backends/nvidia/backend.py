@@ -52,6 +52,9 @@ Late = tuple[tuple[Simple, ...], Callable[[], Any]]  # a simple call still runni
 # XIDs that mean a GPU needs attention; their counters exist from the start at 0 so that the first
 # occurrence is an increase that alerts can see.
 CRITICAL_XIDS = (48, 63, 64, 74, 79, 92, 94, 95)
+# seconds between listings of a GPU's MIG devices: a DRA driver creates one when it prepares a claim
+# (dynamic MIG) and removes it after; a listing is one NVML call per slot (7 on an A100 or H100)
+MIG_RESCAN = 10.0
 
 # bit of nvmlDeviceGetCurrentClocksEventReasons -> reason label
 CLOCK_EVENT_REASONS = (
@@ -326,6 +329,7 @@ class NvmlBackend:
                     device.gpm = True
         device.gpm_primed = False
         device.migs = self._discover_migs(device) if nv is not None else []
+        device.migs_at = self._clock()
 
     def _discover_migs(self, device: Device) -> list[Mig]:
         if not self._config.collector_enabled("mig"):
@@ -462,6 +466,9 @@ class NvmlBackend:
             v.update(self._health.evaluate(device.index, v, self._clock()))
 
         out = [DeviceSample(device.id, True, v, device.info, processes)]
+        if self._clock() - device.migs_at >= MIG_RESCAN:  # MIG devices made or removed since (dynamic MIG)
+            device.migs = self._discover_migs(device)
+            device.migs_at = self._clock()
         for mig in device.migs:
             out.append(self._read_mig(device, mig))
         return out

@@ -51,6 +51,7 @@ class Device:
     static: dict[SeriesKey, float] = field(default_factory=dict)  # values read once (max clocks)
     live: Liveness = field(default_factory=Liveness)
     migs: list[Mig] = field(default_factory=list)
+    migs_at: float = float("-inf")  # when the MIG devices were last listed (they come and go: DRA makes them)
     nvlinks: int = 0
     gpm: bool = False
     gpm_samples: list[Any] = field(default_factory=list)

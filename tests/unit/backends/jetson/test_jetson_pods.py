@@ -7,6 +7,7 @@ processes, and the real attribution thread's code names their pods.
 
 from __future__ import annotations
 
+import re
 import shutil
 from pathlib import Path
 
@@ -47,7 +48,8 @@ def pod_series(root: Path, timestamps: tuple[float, ...] = (1000.0,), **extra: o
     for line in attributor.text().splitlines():
         if not line.startswith("#"):
             name, _, value = line.rpartition(" ")
-            out[name] = float(value)
+            assert re.search(r',pod_uid="[0-9a-f-]{36}"}$', name), name  # from the process's cgroup
+            out[re.sub(r',pod_uid="[^"]*"', "", name)] = float(value)  # the series by name, the UID aside
     return out
 
 
