@@ -365,8 +365,8 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "bridge-token-per-coalesced-batch",
             "src/gpu_exporter/bridge/service.py",
-            "        if batch.node in admitted or self._converter.knows(batch.node):\n",
-            "        if self._converter.knows(batch.node):\n",
+            "        known = batch.node in admitted or self._converter.knows(batch.node)\n",
+            "        known = self._converter.knows(batch.node)\n",
             (
                 "tests/integration/test_bridge_fleet.py::test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token",
             ),
@@ -1234,9 +1234,9 @@ MUTANTS += (
         Mutant(
             "new-nodes-tokens-pile-up",
             "src/gpu_exporter/bridge/limits.py",
-            "            self._tokens = min(float(self.per_minute), self._tokens + (now - self._at) * self.per_minute / 60.0)\n",
+            "            self._tokens = min(float(self.burst), self._tokens + (now - self._at) * self.per_minute / 60.0)\n",
             "            self._tokens = self._tokens + (now - self._at) * self.per_minute / 60.0\n",
-            (f"{_BRIDGE_LIMITS}::test_new_node_names_are_rate_limited_once_the_fleet_has_introduced_itself",),
+            (f"{_BRIDGE_LIMITS}::test_new_name_tokens_never_pile_up_past_the_burst_and_introduced_names_alone_pass",),
             "new-name tokens pile up while no name is new: after a quiet day a flood brings 14,400 names at once",
         ),
         Mutant(
@@ -1244,7 +1244,7 @@ MUTANTS += (
             "src/gpu_exporter/bridge/limits.py",
             "            if self._still_introducing(now) and node in self._introduced:\n",
             "            if self._still_introducing(now):\n",
-            (f"{_BRIDGE_LIMITS}::test_new_node_names_are_rate_limited_once_the_fleet_has_introduced_itself",),
+            (f"{_BRIDGE_LIMITS}::test_new_name_tokens_never_pile_up_past_the_burst_and_introduced_names_alone_pass",),
             "while the fleet introduces itself any name is admitted, with a status message or not",
         ),
         Mutant(

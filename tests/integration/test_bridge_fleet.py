@@ -184,11 +184,11 @@ def test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token(
 ) -> None:
     node, now = "edge-newcomer", time.time() - 600
     with ScriptedReceiver(_ok) as rx:
-        args = ("--bridge.write-linger=5s", "--bridge.new-nodes-per-minute=1")
+        args = ("--bridge.write-linger=5s", "--bridge.new-nodes-per-minute=1", "--bridge.new-nodes-burst=1")
         bridge = BridgeProcess(tmp_path, broker, rx.url, "newcomer", *args).start()
         pub = Publisher(broker.port)
         try:
-            for k in range(6):  # a name the bridge has not seen, no status message: it takes a token
+            for k in range(6):  # a name the bridge has not seen, no status message: it takes the one token
                 pub.publish(f"gpu-exporter/{node}/batch", encode(make_batch(node, "b", [k + 1], now + 5 * k, gpus=1)))
             wait_until(lambda: bridge.metric("gpu_exporter_bridge_messages_received_total") >= 6, 30, "all received")
             wait_until(lambda: len(_up_stamps(rx, node)) >= 6, 30, "all six samples written")

@@ -245,3 +245,21 @@ def test_bad_payloads_from_many_nodes_give_one_line_a_minute_per_reason(caplog: 
         )
         == 50
     )
+
+
+def test_new_name_tokens_never_pile_up_past_the_burst_and_introduced_names_alone_pass() -> None:
+    from gpu_exporter.bridge.limits import INTRODUCTION, NewNodes
+
+    clock = Clock()
+    names = NewNodes(per_minute=60, clock=clock, burst=5)
+    names.subscribed()
+    names.status("edge-introduced")
+    # during the introduction a name nobody introduced takes a token like any other
+    assert [names.take(f"edge-stranger-{i}") for i in range(6)] == [True] * 5 + [False]
+    assert names.take("edge-introduced")  # introduced by its status message: no token needed
+    clock.now += INTRODUCTION + 1  # the introduction is over
+    clock.now += 86_400  # a quiet day: the bucket is full, never fuller than the burst
+    taken = [names.take(f"edge-flood-{i}") for i in range(20)]
+    assert taken == [True] * 5 + [False] * 15
+    clock.now += 1  # 60 a minute: one more a second
+    assert [names.take(f"edge-later-{i}") for i in range(3)] == [True, False, False]
