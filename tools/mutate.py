@@ -362,14 +362,6 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
             "a restarted bridge forgets what it wrote: what its session delivers again is written twice",
         ),
-        Mutant(
-            "bridge-token-per-coalesced-batch",
-            "src/gpu_exporter/bridge/service.py",
-            "        known = batch.node in admitted or self._converter.knows(batch.node)\n",
-            "        known = self._converter.knows(batch.node)\n",
-            (
-                "tests/integration/test_bridge_fleet.py::test_a_new_nodes_batches_coalesced_into_one_write_take_one_new_name_token",
-            ),
             "each coalesced batch of a new node takes a new-name token: the rest of its batches are refused",
         ),
         Mutant(
