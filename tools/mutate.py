@@ -362,8 +362,6 @@ MUTANTS: tuple[Mutant, ...] = (
             ),
             "a restarted bridge forgets what it wrote: what its session delivers again is written twice",
         ),
-            "each coalesced batch of a new node takes a new-name token: the rest of its batches are refused",
-        ),
         Mutant(
             "bridge-recipe-percent-unescaped",
             "src/gpu_exporter/bridge/convert.py",
