@@ -87,6 +87,11 @@ def assemble(engine: Engine, tag: str, images: dict[str, str], layout: Path) -> 
     return read_back(engine, layout, tag, images)
 
 
+def _blob(layout: Path, digest: str) -> dict[str, object]:
+    algorithm, _, hexdigest = digest.partition(":")
+    return json.loads((layout / "blobs" / algorithm / hexdigest).read_text())  # type: ignore[no-any-return]
+
+
 def read_back(engine: Engine, layout: Path, tag: str, images: dict[str, str]) -> dict[str, object]:
     """The index as skopeo reads it; StepError unless it names each architecture once, with the very
     layers the engine built for it."""
@@ -100,14 +105,19 @@ def read_back(engine: Engine, layout: Path, tag: str, images: dict[str, str]) ->
         raise StepError(f"{ref} names {platforms}, not {expected}")
     entries: dict[str, object] = {}
     for arch, image in images.items():
-        selected = ["skopeo", "--override-os=linux", f"--override-arch={arch}", "inspect"]
-        manifest = json.loads(run([*selected, "--raw", ref]))
-        config = json.loads(run([*selected, "--config", ref]))
+        # as a node of that architecture picks its entry
+        chosen = json.loads(run(["skopeo", "--override-os=linux", f"--override-arch={arch}", "inspect", ref]))
+        digest = next(m["digest"] for m in index["manifests"] if m["platform"]["architecture"] == arch)
+        manifest = _blob(layout, digest)
+        config = _blob(layout, manifest["config"]["digest"])
         built = json.loads(engine.docker("image", "inspect", "--format", "{{json .RootFS.Layers}}", image))
+        layers = [layer["digest"] for layer in manifest["layers"]]  # type: ignore[attr-defined]
+        if chosen.get("Architecture") != arch or chosen.get("Layers") != layers:
+            raise StepError(f"skopeo picks {chosen.get('Architecture')} {chosen.get('Layers')} for linux/{arch}")
         if config.get("architecture") != arch or config.get("rootfs", {}).get("diff_ids") != built:
             raise StepError(f"{ref}'s linux/{arch} entry is not the filesystem built as {image}")
         entries[arch] = {
-            "manifest_digest": next(m["digest"] for m in index["manifests"] if m["platform"]["architecture"] == arch),
+            "manifest_digest": digest,
             "compressed_bytes": sum(int(layer["size"]) for layer in manifest["layers"]),
             "layers": len(manifest["layers"]),
         }
