@@ -26,7 +26,7 @@ from pathlib import Path
 try:
     import tomllib
 except ModuleNotFoundError:  # Python 3.10
-    tomllib = None  # type: ignore[assignment]
+    tomllib = None
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCH = "aarch64"

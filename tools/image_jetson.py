@@ -21,6 +21,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 from image_engine import Engine, StepError, log
 from image_run import Container, daemonset_security, free_port, http_get
@@ -135,7 +136,7 @@ def golden() -> list[str]:
     return [line for line in page.splitlines() if line.split("{")[0] in FAMILIES]
 
 
-def decode_batch(data: bytes) -> object:
+def decode_batch(data: bytes) -> Any:
     """The project's own decoder (stdlib only), from this checkout."""
     if str(ROOT / "src") not in sys.path:
         sys.path.insert(0, str(ROOT / "src"))
@@ -189,14 +190,12 @@ def smoke_jetson(engine: Engine, tag: str, platform: str, workdir: Path) -> dict
             logs = container.logs()
         finally:
             stop_s = container.stop()
-        devices = [d for s in batch.samples for d in s.devices]  # type: ignore[attr-defined]
-        if batch.node != NODE or not any(  # type: ignore[attr-defined]
-            d.device.uuid == uuid and ("utilization", ()) in d.values for d in devices
-        ):
+        devices = [d for s in batch.samples for d in s.devices]
+        if batch.node != NODE or not any(d.device.uuid == uuid and ("utilization", ()) in d.values for d in devices):
             raise StepError(f"the batch on {topic} lacks {uuid}'s utilization: {batch!r:.500}")
         log(
             f"/metrics: {len(expected)} golden lines of {BOARD}; /readyz after {ready_s:.1f} s; a batch of "
-            f"{len(data)} bytes with {len(batch.samples)} sample(s) on {topic}; SIGTERM to exit {stop_s:.1f} s"  # type: ignore[attr-defined]
+            f"{len(data)} bytes with {len(batch.samples)} sample(s) on {topic}; SIGTERM to exit {stop_s:.1f} s"
         )
         return {
             "machine": machine,
@@ -205,7 +204,7 @@ def smoke_jetson(engine: Engine, tag: str, platform: str, workdir: Path) -> dict
             "golden_lines": len(expected),
             "ready_seconds": round(ready_s, 1),
             "batch_bytes": len(data),
-            "batch_samples": len(batch.samples),  # type: ignore[attr-defined]
+            "batch_samples": len(batch.samples),
             "stop_seconds": round(stop_s, 1),
             "agent_log_tail": logs[-1500:],
         }
