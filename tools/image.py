@@ -94,9 +94,8 @@ def arch_tag(tag: str, arch: str) -> str:
     return f"{tag}-{arch}"
 
 
-def build(engine: Engine, tag: str, base: str, arch: str) -> float:
+def build(engine: Engine, tag: str, base: str, arch: str, revision: str, date: str) -> float:
     started = time.monotonic()
-    revision = git_revision()
     args = [
         "build",
         f"--platform=linux/{arch}",
@@ -106,7 +105,7 @@ def build(engine: Engine, tag: str, base: str, arch: str) -> float:
         "--build-arg",
         f"REVISION={revision}",
         "--build-arg",
-        f"BUILD_DATE={commit_date()}",
+        f"BUILD_DATE={date}",
         "-t",
         tag,
     ]
@@ -186,12 +185,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         try:
             check_tools(not args.no_smoke)
             engine.start()
+            # once for every architecture: the entries of one list carry one revision
+            revision, date = git_revision(), commit_date()
+            report.update(revision=revision, build_date=date)
             for arch in args.arches:
                 figures: dict[str, object] = {"tag": arch_tag(args.tag, arch)}
                 arches[arch] = figures
                 figures["base_seconds"] = round(make_base(engine, arch, Path(args.python), workdir), 1)
                 base = base_tag(arch, Path(args.python))
-                figures["build_seconds"] = round(build(engine, arch_tag(args.tag, arch), base, arch), 1)
+                figures["build_seconds"] = round(build(engine, arch_tag(args.tag, arch), base, arch, revision, date), 1)
                 figures.update(describe(engine, arch_tag(args.tag, arch), base))
                 print_figures(arch, figures)
             oci = Path(args.oci) if args.oci else workdir / "oci"
