@@ -99,3 +99,9 @@ def test_a_runtime_dependency_without_an_arm64_wheel_fails_the_step(tmp_path: Pa
     assert result.stderr.strip().splitlines() == [
         "check_wheels: no aarch64 (glibc 2.36) wheel for CPython 3.11: docopt>=0.6 (binary wheels only)"
     ]
+
+
+def test_ci_runs_the_check_before_the_tests() -> None:
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert "\npython3 tools/check_wheels.py\n" in ci
+    assert ci.index("python3 tools/check_wheels.py") < ci.index("python3 -m pytest")
