@@ -1,8 +1,10 @@
 # syntax=docker/dockerfile:1
-# gpu-exporter image: amd64 and arm64 (Jetson) from the same file:
+# gpu-exporter image: amd64 and arm64 (Jetson, IGX, Grace) from the same file, one manifest list:
 #   docker buildx build --platform linux/amd64,linux/arm64 \
 #     --build-arg VERSION=0.1.0 --build-arg REVISION=$(git rev-parse HEAD) \
-#     --build-arg BUILD_DATE=$(date -u +%Y-%m-%dT%H:%M:%SZ) -t gpu-exporter:0.1.0 .
+#     --build-arg BUILD_DATE=$(git log -1 --format=%cd --date=format-local:%Y-%m-%dT%H:%M:%SZ) \
+#     -t gpu-exporter:0.1.0 .
+# (tools/image.py does the same without buildx or a registry: docs/testing.md.)
 # Every dependency ships wheels for both architectures, so no stage needs a compiler; the final
 # stage has neither a compiler nor pip. The vendor libraries come from the host, not from the image:
 # NVML (libnvidia-ml.so.1) through the NVIDIA container runtime, a Jetson's files through the /sys and
@@ -23,25 +25,30 @@ ARG PYTHON_IMAGE=python:3.11-slim-bookworm
 FROM ${PYTHON_IMAGE} AS build
 ARG AMDSMI="amdsmi==7.0.*"
 ARG EXTRA_CA_CERTS=""
-# What `gpu-exporter --version` and gpu_exporter_build_info report (src/gpu_exporter/buildinfo.py).
-ARG REVISION=unknown
-ARG BUILD_DATE=unknown
 ENV PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_CACHE_DIR=1 PIP_ONLY_BINARY=:all:
 WORKDIR /src
 COPY pyproject.toml setup.py README.md ./
 COPY src ./src
 SHELL ["/bin/bash", "-o", "pipefail", "-c"]
-RUN printf '{"revision": "%s", "build_date": "%s"}\n' "$REVISION" "$BUILD_DATE" > src/gpu_exporter/_build.json \
+# The CA bundle is the virtual environment's pip's: a base whose Python has no pip of its own (Debian's
+# python3.11 with python3.11-venv) builds as the official image does.
+RUN python -m venv /opt/gpu-exporter \
  && if [ -n "$EXTRA_CA_CERTS" ]; then \
-      bundle="$(python -c 'import pip._vendor.certifi as c; print(c.where())')" \
+      bundle="$(/opt/gpu-exporter/bin/python -c 'import pip._vendor.certifi as c; print(c.where())')" \
       && { cat "$bundle"; printf '%s\n' "$EXTRA_CA_CERTS"; } > /tmp/ca.pem \
       && export PIP_CERT=/tmp/ca.pem; \
     fi \
- && python -m venv /opt/gpu-exporter \
  && /opt/gpu-exporter/bin/pip install ".[kubernetes]" ${AMDSMI:+"$AMDSMI"} \
  && /opt/gpu-exporter/bin/pip uninstall -y pip setuptools wheel \
  && /opt/gpu-exporter/bin/python -m compileall -q /opt/gpu-exporter/lib \
  && rm -f /tmp/ca.pem
+# What `gpu-exporter --version` and gpu_exporter_build_info report (src/gpu_exporter/buildinfo.py),
+# written into the installed package. Declared after the install, so that a new revision reuses the
+# installed environment from the build cache (under emulation that install takes many minutes).
+ARG REVISION=unknown
+ARG BUILD_DATE=unknown
+RUN package="$(echo /opt/gpu-exporter/lib/python3*/site-packages/gpu_exporter)" \
+ && printf '{"revision": "%s", "build_date": "%s"}\n' "$REVISION" "$BUILD_DATE" > "$package/_build.json"
 
 # --- runtime: the slim base without pip, plus the virtual environment ---
 FROM ${PYTHON_IMAGE} AS runtime
@@ -55,7 +62,9 @@ LABEL org.opencontainers.image.title="gpu-exporter" \
       org.opencontainers.image.created="${BUILD_DATE}" \
       org.opencontainers.image.licenses="Apache-2.0" \
       org.opencontainers.image.source="https://example.com/gpu-exporter"
-RUN PYTHONDONTWRITEBYTECODE=1 python -m pip uninstall -y pip setuptools wheel \
+# pip goes where the base has one (the official image; Debian's python3.11 has none).
+RUN export PYTHONDONTWRITEBYTECODE=1 \
+ && if python -m pip --version >/dev/null 2>&1; then python -m pip uninstall -y pip setuptools wheel; fi \
  && rm -rf /usr/local/lib/python3.11/ensurepip /usr/local/lib/python3.11/idlelib \
            /usr/local/lib/python3.11/lib2to3 /usr/local/lib/python3.11/pydoc_data \
  && groupadd --system --gid 65532 gpu-exporter \

@@ -180,11 +180,14 @@ def test_kubeedge_placement(rendered: tuple[str, list[dict[str, Any]]]) -> None:
     overlay, docs = rendered
     spec = _pod_spec(docs)
     terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
-    expressions = [e for term in terms for e in term["matchExpressions"]]
+    # The architectures the image's manifest list holds (the only In), then the GPU label:
     # Exists, never `accelerator=nvidia` equality, which misses nodes labelled otherwise; the only
     # values are those excluded (accelerator=amd is the AMD component's).
+    assert all(term["matchExpressions"][0]["key"] == "kubernetes.io/arch" for term in terms)
+    assert all(term["matchExpressions"][0]["operator"] == "In" for term in terms)
+    expressions = [e for term in terms for e in term["matchExpressions"][1:]]
     assert all(e["operator"] == "Exists" or e["operator"] == "NotIn" for e in expressions)
-    assert all(term["matchExpressions"][0]["operator"] == "Exists" for term in terms)
+    assert all(term["matchExpressions"][1]["operator"] == "Exists" for term in terms)
     toleration_keys = {(t.get("key"), t.get("value")) for t in spec["tolerations"]}
     if overlay == "kubeedge":
         assert spec["nodeSelector"] == {"node-role.kubernetes.io/edge": ""}

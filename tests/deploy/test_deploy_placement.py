@@ -10,11 +10,19 @@ of each vendor label them:
 - AMD GPU operator: ``feature.node.kubernetes.io/amd-gpu=true`` (its NFD rule), ``amd-vgpu`` for
   virtual functions; AMD's node labeller: ``amd.com/gpu.family``, ``.device-id``, ``.product-name``;
   plain NFD: ``pci-0380_1002.present`` (Instinct MI100-MI250), ``pci-1200_1002.present`` (MI300);
-- Jetson: GPU feature discovery where the device plugin runs in Tegra mode, else a label by hand.
+- Jetson: GPU feature discovery where the device plugin runs in Tegra mode (its CUDA-based labeller:
+  ``nvidia.com/gpu.family``, ``.product``, ``.count``), NFD with deploy/nfd-jetson.yaml's rule
+  (``feature.node.kubernetes.io/nvidia-jetson``), else a label by hand.
+
+Every node carries the kubelet's ``kubernetes.io/arch``: only the architectures the image's manifest list
+holds (tools/image.py) may be selected, or a node of another would fail to pull it.
 """
 
 from __future__ import annotations
 
+import importlib.util
+import re
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -22,40 +30,61 @@ import pytest
 import yaml
 
 from tests.deploy.test_deploy import DEPLOY, _pod_spec, _render, render_with
+from tests.support import ROOT
 
 EDGE = {"node-role.kubernetes.io/edge": "", "node-role.kubernetes.io/agent": ""}
 
+
+def _node(labels: dict[str, str], arch: str = "amd64") -> dict[str, str]:
+    """A node's labels as the kubelet adds its own to what the tools set."""
+    return {"kubernetes.io/arch": arch, "kubernetes.io/os": "linux", **labels}
+
+
+# Node Feature Discovery's default kernel labels on a Jetson (Jetson Linux names its kernels -tegra)
+JETSON_KERNEL = {
+    "feature.node.kubernetes.io/kernel-version.full": "5.15.148-tegra",
+    "feature.node.kubernetes.io/kernel-version.major": "5",
+}
 NVIDIA_NODES = {
-    "gpu-operator": {"nvidia.com/gpu.present": "true", "feature.node.kubernetes.io/pci-10de.present": "true"},
-    "gpu-feature-discovery": {
-        "nvidia.com/gpu.family": "ampere",
-        "nvidia.com/gpu.product": "NVIDIA-A2",
-        "nvidia.com/gpu.count": "1",
-    },
-    "nfd-default-3d-controller": {"feature.node.kubernetes.io/pci-0302_10de.present": "true"},
-    "nfd-default-vga": {"feature.node.kubernetes.io/pci-0300_10de.present": "true"},
-    "jetson-gfd-tegra": {"nvidia.com/gpu.family": "ampere", "nvidia.com/gpu.product": "Orin"},
-    "jetson-by-hand": {"accelerator": "jetson-orin"},
-    "nvidia-by-hand": {"accelerator": "nvidia-tesla-t4"},
+    "gpu-operator": _node({"nvidia.com/gpu.present": "true", "feature.node.kubernetes.io/pci-10de.present": "true"}),
+    "gpu-feature-discovery": _node(
+        {"nvidia.com/gpu.family": "ampere", "nvidia.com/gpu.product": "NVIDIA-A2", "nvidia.com/gpu.count": "1"}
+    ),
+    "nfd-default-3d-controller": _node({"feature.node.kubernetes.io/pci-0302_10de.present": "true"}),
+    "nfd-default-vga": _node({"feature.node.kubernetes.io/pci-0300_10de.present": "true"}),
+    "grace-hopper-gpu-operator": _node({"nvidia.com/gpu.present": "true"}, "arm64"),
+    "jetson-gfd-tegra": _node(
+        {"nvidia.com/gpu.family": "ampere", "nvidia.com/gpu.product": "Orin", "nvidia.com/gpu.count": "1"}, "arm64"
+    ),
+    "jetson-nfd-rule": _node({"feature.node.kubernetes.io/nvidia-jetson": "true", **JETSON_KERNEL}, "arm64"),
+    "jetson-by-hand": _node({"accelerator": "jetson-orin"}, "arm64"),
+    "nvidia-by-hand": _node({"accelerator": "nvidia-tesla-t4"}),
 }
 AMD_NODES = {
-    "amd-gpu-operator": {
-        "feature.node.kubernetes.io/amd-gpu": "true",
-        "feature.node.kubernetes.io/pci-1002.present": "true",
-    },
-    "amd-gpu-operator-vf": {"feature.node.kubernetes.io/amd-vgpu": "true"},
-    "amd-node-labeller": {
-        "amd.com/gpu.family": "AI",
-        "amd.com/gpu.device-id": "740f",
-        "amd.com/gpu.product-name": "AMD_Instinct_MI210",
-    },
-    "nfd-default-instinct": {"feature.node.kubernetes.io/pci-0380_1002.present": "true"},
-    "nfd-default-mi300": {"feature.node.kubernetes.io/pci-1200_1002.present": "true"},
-    "amd-by-hand": {"accelerator": "amd"},
+    "amd-gpu-operator": _node(
+        {"feature.node.kubernetes.io/amd-gpu": "true", "feature.node.kubernetes.io/pci-1002.present": "true"}
+    ),
+    "amd-gpu-operator-vf": _node({"feature.node.kubernetes.io/amd-vgpu": "true"}),
+    "amd-node-labeller": _node(
+        {
+            "amd.com/gpu.family": "AI",
+            "amd.com/gpu.device-id": "740f",
+            "amd.com/gpu.product-name": "AMD_Instinct_MI210",
+        }
+    ),
+    "nfd-default-instinct": _node({"feature.node.kubernetes.io/pci-0380_1002.present": "true"}),
+    "nfd-default-mi300": _node({"feature.node.kubernetes.io/pci-1200_1002.present": "true"}),
+    "amd-by-hand": _node({"accelerator": "amd"}),
 }
 NO_GPU = {
-    "cpu-only": {"kubernetes.io/arch": "amd64"},
-    "amd-cpu-nfd": {"feature.node.kubernetes.io/pci-0300_1a03.present": "true"},  # an ASPEED BMC's VGA
+    "cpu-only": _node({}),
+    "amd-cpu-nfd": _node({"feature.node.kubernetes.io/pci-0300_1a03.present": "true"}),  # an ASPEED BMC's VGA
+    "arm64-cpu-only-nfd": _node({"feature.node.kubernetes.io/kernel-version.full": "6.1.0-18-arm64"}, "arm64"),
+    # an NVIDIA GPU, but an architecture the image has no entry for: ErrImagePull if scheduled
+    "power9-gpu-operator": _node({"nvidia.com/gpu.present": "true"}, "ppc64le"),
+    "power9-amd-by-hand": _node({"accelerator": "amd"}, "ppc64le"),
+    # the Jetson rule's label on a machine that cannot be a Jetson
+    "amd64-with-the-jetson-label": _node({"feature.node.kubernetes.io/nvidia-jetson": "true"}),
 }
 
 
@@ -149,6 +178,82 @@ def test_nodes_without_a_gpu_get_neither(placements: dict[tuple[str, str], dict[
     for (overlay, _), spec in placements.items():
         labels = dict(NO_GPU[node], **(EDGE if overlay == "kubeedge" else {}))
         assert not schedules(spec, labels)
+
+
+def _image_arches() -> tuple[str, ...]:
+    """The platforms tools/image.py puts in the manifest list."""
+    spec = importlib.util.spec_from_file_location("image_tool_arches", ROOT / "tools" / "image.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["image_tool_arches"] = module
+    spec.loader.exec_module(module)
+    return tuple(module.ARCHES)
+
+
+def test_every_term_names_the_architectures_of_the_images_manifest_list(
+    placements: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    arches = set(_image_arches())
+    assert arches == {"amd64", "arm64"}
+    for (overlay, vendor), spec in placements.items():
+        terms = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+        for term in terms:
+            arch = [e for e in term["matchExpressions"] if e["key"] == "kubernetes.io/arch"]
+            assert len(arch) == 1 and arch[0]["operator"] == "In", (overlay, vendor, term)
+            assert set(arch[0]["values"]) <= arches, (overlay, vendor, term)
+
+
+def test_the_daemonsets_image_is_one_tag_for_every_architecture(
+    placements: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """A node pulls its own platform's entry of the manifest list: the manifests name the tag, never one
+    architecture's image (a digest or an -amd64 / -arm64 tag)."""
+    for spec in placements.values():
+        for container in [*spec.get("initContainers", []), *spec["containers"]]:
+            image = container["image"]
+            assert re.fullmatch(r"[\w.\-/]+/gpu-exporter:[\w.\-]+", image), image
+            assert "@" not in image and not image.endswith(("-amd64", "-arm64", "-aarch64")), image
+
+
+def _jetson_rule() -> dict[str, Any]:
+    doc = yaml.safe_load((DEPLOY / "nfd-jetson.yaml").read_text(encoding="utf-8"))
+    assert doc["kind"] == "NodeFeatureRule" and doc["apiVersion"] == "nfd.k8s-sigs.io/v1alpha1"
+    return doc["spec"]["rules"][0]  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize(
+    "release, jetson",
+    [
+        ("5.10.120-tegra", True),  # L4T 35 (JetPack 5)
+        ("5.15.148-tegra", True),  # L4T 36 (JetPack 6)
+        ("6.8.12-tegra", True),  # L4T 38-39 (JetPack 7: Thor, Orin on 7.2)
+        ("6.8.12-tegra-rt", True),  # a rebuilt Jetson kernel keeps the suffix
+        ("6.8.0-1013-nvidia-64k", False),  # Ubuntu's NVIDIA kernel on Grace: not a Jetson
+        ("6.1.0-18-arm64", False),
+        ("5.15.0-91-generic", False),
+    ],
+)
+def test_the_nfd_rule_labels_jetson_kernels_only(release: str, jetson: bool) -> None:
+    """NFD's InRegexp is a Go regexp search on the value; the same pattern as a Python search."""
+    rule = _jetson_rule()
+    [term] = rule["matchFeatures"]
+    assert term["feature"] == "kernel.version"
+    expression = term["matchExpressions"]["full"]
+    assert expression["op"] == "InRegexp"
+    assert any(re.search(pattern, release) for pattern in expression["value"]) is jetson
+
+
+def test_the_nfd_rules_label_is_the_one_the_placement_selects(
+    placements: dict[tuple[str, str], dict[str, Any]],
+) -> None:
+    """NFD prefixes a rule's label without a namespace with feature.node.kubernetes.io/."""
+    [(name, value)] = _jetson_rule()["labels"].items()
+    labels = _node({f"feature.node.kubernetes.io/{name}": value, **JETSON_KERNEL}, "arm64")
+    for overlay in ("kubeedge", "kubernetes"):
+        node = dict(labels, **(EDGE if overlay == "kubeedge" else {}))
+        assert schedules(placements[(overlay, "nvidia")], node)
+        assert not schedules(placements[(overlay, "amd")], node)
+    assert not schedules(placements[("kubernetes", "nvidia")], dict(labels, **{"kubernetes.io/arch": "amd64"}))
 
 
 def test_kubeedge_needs_the_edge_role_and_kubernetes_does_not(
