@@ -21,35 +21,53 @@ The vendor's node-affinity terms, ORed, each an Exists (label values vary): depl
 for NVIDIA (PCIe and Jetson), deploy/components/amd's for AMD.
 */}}
 {{- define "gpu-exporter.vendorTerms" -}}
+{{- /* every term names the architectures of the image's manifest list (kubernetes.io/arch) */}}
 {{- if eq .Values.agent.vendor "amd" }}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/amd-gpu, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/amd-vgpu, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: amd.com/gpu.family, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-1002.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-0300_1002.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-0380_1002.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-1200_1002.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: accelerator, operator: In, values: ["amd"]}
 {{- else }}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: nvidia.com/gpu.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: nvidia.com/gpu.family, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-10de.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-0300_10de.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: feature.node.kubernetes.io/pci-0302_10de.present, operator: Exists}
 - matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [arm64]}
+    - {key: feature.node.kubernetes.io/nvidia-jetson, operator: Exists}
+- matchExpressions:
+    - {key: kubernetes.io/arch, operator: In, values: [amd64, arm64]}
     - {key: accelerator, operator: Exists}
     - {key: accelerator, operator: NotIn, values: ["amd"]}
 {{- end }}
