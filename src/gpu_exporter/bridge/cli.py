@@ -23,8 +23,10 @@ from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import BRIDGE
+from gpu_exporter.config.flags import FlagParser
 from gpu_exporter.config.sources import add_option
 from gpu_exporter.daemon import Signals
+from gpu_exporter.forward.options import SUBSCRIBER_HELP
 from gpu_exporter.mqtt.tls import error_reason
 
 if TYPE_CHECKING:
@@ -40,7 +42,7 @@ PROG = "gpu-exporter bridge"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=PROG,
         description="Cloud side of store-and-forward: subscribes to the edge nodes' MQTT batches and writes "
         "them to Prometheus remote write (Prometheus, VictoriaMetrics, Thanos Receive, Mimir). A message is "
@@ -58,7 +60,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = cfg.Config()
     for opt in BRIDGE:
-        add_option(parser, opt, getattr(defaults, opt.field), opt.help.removeprefix("bridge: "))
+        add_option(
+            parser, opt, getattr(defaults, opt.field), SUBSCRIBER_HELP.get(opt.name, opt.help.removeprefix("bridge: "))
+        )
     return parser
 
 
