@@ -24,6 +24,7 @@ from gpu_exporter.catalog import name_filter
 from gpu_exporter.model import DeviceId, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.selfmetrics import Served
 from gpu_exporter.web.server import Limits, Site, WebServer, parse_listen
 from gpu_exporter.web.webconfig import WebConfig
 
@@ -241,6 +242,7 @@ class Exposition:
 
     def __init__(self, registry: CollectorRegistry, view: View, sections: Sequence[Section] = ()) -> None:
         self.registry = registry
+        self._served = Served(registry)  # without the _created series (selfmetrics.Served says why)
         self.view = view
         self.sections = list(sections)
         self._lock = threading.Lock()
@@ -258,7 +260,7 @@ class Exposition:
                 parts.append(section())
             except Exception:
                 log.exception("a metrics section failed to render")
-        parts.append(generate_latest(self.registry).decode("utf-8"))
+        parts.append(generate_latest(self._served).decode("utf-8"))
         plain = "".join(parts).encode("utf-8")
         packed = gzip.compress(plain, compresslevel=6, mtime=0)
         om = _openmetrics(plain) if self.openmetrics_asked else None

@@ -225,12 +225,14 @@ def _server(listen: str, registry: CollectorRegistry, web: WebConfig, config: cf
     from gpu_exporter.openmetrics import CONTENT_TYPE, accepts_openmetrics
     from gpu_exporter.web.server import Limits, ServerCollector, Site, WebServer
 
+    served = selfmetrics.Served(registry)  # without the _created series, as the agent's page
+
     def page(accept_gzip: bool) -> bytes:
-        text = generate_latest(registry)
+        text = generate_latest(served)
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
     def openmetrics_page(accept_gzip: bool) -> bytes:
-        text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+        text: bytes = openmetrics_latest(served)  # type: ignore[no-untyped-call]
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
     def negotiate(accept: str | None) -> tuple[Callable[[bool], bytes], str]:
