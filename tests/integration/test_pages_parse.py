@@ -1,4 +1,4 @@
-"""Every page parses everywhere: the agent's page (our names and DCGM's, with and without forwarding) and
+"""Every page parses everywhere: the agent's page (our names and DCGM's; alone, forwarding, with pods) and
 the bridge's, each in the text format and in OpenMetrics, as real processes serve them, through
 prometheus_client's text parser, its (strict) OpenMetrics parser and ``promtool check metrics``.
 
@@ -16,7 +16,7 @@ import pytest
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as parse_openmetrics
 from prometheus_client.parser import text_string_to_metric_families as parse_text
 
-from tests.support import Exporter, child_env, exporter_cmd, free_port, http_get, wait_for
+from tests.support import FIXTURES, Exporter, child_env, exporter_cmd, free_port, http_get, wait_for
 from tests.support.mosquitto import Broker, broker_fixture  # noqa: F401  (the broker fixture)
 from tests.support.procs import stop_process
 from tests.support.promtool import promtool_path
@@ -70,22 +70,43 @@ def check_both_parsers(text: str, om: str) -> set[str]:
     return set(om_families)
 
 
+def _pods(tmp_path: Path) -> list[str]:
+    """Pod attribution through the /proc fallback: the simulated driver's processes (PIDs 4000 and 4010)
+    in a fixture /proc, in the cgroup of the fixture pod ml/trainer-0."""
+    proc = tmp_path / "proc"
+    trainer = (FIXTURES / "k8s" / "proc" / "1001" / "cgroup").read_text()
+    for pid in (4000, 4010):
+        (proc / str(pid)).mkdir(parents=True)
+        (proc / str(pid) / "cgroup").write_text(trainer)
+    return [
+        "--k8s.pod-attribution=true",
+        f"--path.procfs={proc}",
+        f"--k8s.pod-logs-path={FIXTURES / 'k8s' / 'var' / 'log' / 'pods'}",
+        f"--k8s.kubelet-socket={tmp_path / 'none.sock'}",
+    ]
+
+
 @pytest.mark.parametrize("naming", ["native", "dcgm"])
-@pytest.mark.parametrize("forwarding", [False, True], ids=["alone", "forwarding"])
+@pytest.mark.parametrize("mode", ["alone", "forwarding", "pods"])
 def test_the_agents_pages_parse(
-    naming: str, forwarding: bool, request: pytest.FixtureRequest, exporter: type[Exporter], tmp_path: Path
+    naming: str, mode: str, request: pytest.FixtureRequest, exporter: type[Exporter], tmp_path: Path
 ) -> None:
     args = ["--gpu-vendor=fake", "--fake.gpus=2", "--fake.mig=2", "--gpu-metrics-collection-interval=200ms"]
     args.append(f"--metrics.naming={naming}")
-    if forwarding:
+    if mode == "forwarding":
         broker: Broker = request.getfixturevalue("broker")
         args += [f"--mqtt.url={broker.url}", f"--spool.dir={tmp_path / 'spool'}", "--mqtt.batch-interval=1s"]
+    if mode == "pods":
+        args += _pods(tmp_path)
     agent = exporter(*args).start()
-    if forwarding:  # a batch acknowledged: the forwarder's counters have moved
+    if mode == "forwarding":  # a batch acknowledged: the forwarder's counters have moved
         assert wait_for(lambda: "gpu_exporter_forward_published_batches_total 0" not in agent.scrape(), timeout=20)
+    if mode == "pods":  # the per-pod section is on the page
+        assert wait_for(lambda: 'pod="trainer-0"' in agent.scrape(), timeout=30)
     text, om = pages(agent.port)
     families = check_both_parsers(text, om)
-    assert ("gpu_exporter_forward_published_batches" in families) is forwarding
+    assert ("gpu_exporter_forward_published_batches" in families) is (mode == "forwarding")
+    assert ("gpu_pod_info" in families) is (mode == "pods")
     assert ("DCGM_FI_DEV_GPU_UTIL" in families) is (naming == "dcgm")
     findings = lint(text)
     if naming == "native":
