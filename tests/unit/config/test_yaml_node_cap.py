@@ -79,3 +79,29 @@ def test_the_agent_refuses_it_at_reload_and_keeps_serving(tmp_path: Path) -> Non
         assert _peak_kib(agent.pid) < LIMIT_KIB
     finally:
         assert stop_process(agent, timeout=15) == 0, log.read_text()
+
+
+def test_the_bridge_refuses_it_at_reload_and_keeps_serving(tmp_path: Path) -> None:
+    web = tmp_path / "web.yml"
+    web.write_text("http_server_config:\n  headers:\n    X-Probe: one\n")
+    port = free_port()
+    log = tmp_path / "bridge.log"
+    bridge = spawn_logged(log, *lone_bridge_args(port), f"--web.config.file={web}")
+    try:
+
+        def probe() -> str | None:
+            try:
+                status, _, headers = http_get(f"http://127.0.0.1:{port}/metrics", timeout=2.0)
+            except OSError:
+                return None
+            return headers.get("X-Probe") if status == 200 else None
+
+        assert wait_until(lambda: probe() == "one" or bridge.poll() is not None, 20), log.read_text()
+        _items(web, "basic_auth_users")  # the bridge's watch or the SIGHUP reads it
+        bridge.send_signal(signal.SIGHUP)
+        assert wait_until(lambda: REFUSED in log.read_text(), 30), log.read_text()
+        assert "keeping the running web config" in log.read_text()
+        assert probe() == "one" and bridge.poll() is None
+        assert _peak_kib(bridge.pid) < LIMIT_KIB
+    finally:
+        assert stop_process(bridge, timeout=15) == 0, log.read_text()
