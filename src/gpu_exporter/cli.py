@@ -20,6 +20,7 @@ from typing import Any
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import AGENT
+from gpu_exporter.config.flags import FlagParser
 from gpu_exporter.daemon import Signals
 from gpu_exporter.logs import setup_logging
 
@@ -39,8 +40,9 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
 
 def build_parser() -> argparse.ArgumentParser:
     subs = "\n".join(f"  {name:8} {text}" for name, (_, text) in SUBCOMMANDS.items())
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=PROG,
+        words=tuple(SUBCOMMANDS),
         description="Node-level GPU metrics exporter: Prometheus endpoint and store-and-forward over MQTT.",
         epilog=f"subcommands (gpu-exporter SUBCOMMAND --help):\n{subs}\n\n"
         f"Every option can also be set as an environment variable ({cfg.ENV_PREFIX}<OPTION>, e.g. "

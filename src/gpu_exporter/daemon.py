@@ -1,13 +1,20 @@
 """The signal wiring both daemons share (the agent, ``cli.py``; the bridge, ``bridge/cli.py``).
 
 SIGTERM and SIGINT stop the daemon; SIGHUP asks it to reload, which each daemon defines: the agent
-re-reads its whole configuration (``reload.py``), the bridge its web config file. Handlers only set
-events; the daemon's main thread acts on them between waits of half a second, so a signal never runs
-code in the middle of whatever the main thread was doing.
+re-reads its whole configuration (``reload.py``), the bridge its web config file.
+
+A handler only notes the signal in a plain attribute and writes a byte to a pipe the main thread waits
+on; the main thread does the rest (logs, sets ``stop``, reloads) between its waits. Python runs a handler
+in the main thread between two bytecodes, also inside another handler or inside whatever lock the main
+thread holds, so a handler that takes a lock (``Event.set()``, a log line) deadlocks when a signal comes
+at the wrong moment: a thousand SIGHUPs at once did it every time, and SIGTERM then never ended the
+process.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
 import threading
 from collections.abc import Callable
@@ -15,39 +22,74 @@ from types import FrameType
 
 __all__ = ["Signals"]
 
-TICK = 0.5  # seconds between looks at the events
+TICK = 0.5  # seconds between looks at ``stop`` (set by another thread) and at ``poll``
+_STOPPING = (signal.SIGTERM, signal.SIGINT)
 
 
 class Signals:
-    """``stop`` set by SIGTERM/SIGINT (after ``on_stop(signum)``), ``hup`` by SIGHUP."""
+    """``stop`` set after SIGTERM/SIGINT (once ``on_stop(signum)`` has run, in the main loop); SIGHUP
+    reloads through ``run``'s ``on_hup``."""
 
     def __init__(self, stop: threading.Event, on_stop: Callable[[int], None] | None = None) -> None:
         self.stop = stop
-        self.hup = threading.Event()
         self._on_stop = on_stop
+        # written by the handler only as plain assignments: no lock is ever taken in it
+        self._stop_signum = 0
+        self._hup = False
+        # the wakeup pipe, made by install(); never closed, since the handlers outlive run() (a signal
+        # during shutdown must not write into whatever file reuses the descriptor)
+        self._wake: tuple[int, int] | None = None
 
     def install(self) -> None:
         """Take the three signals; only from the main thread (a daemon run by a test in a thread keeps the
         process's handlers, and is stopped through ``stop``)."""
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGTERM, self._stop_signal)
-            signal.signal(signal.SIGINT, self._stop_signal)
-            signal.signal(signal.SIGHUP, self._hup_signal)
+        if threading.current_thread() is not threading.main_thread():
+            return
+        read, write = os.pipe()
+        os.set_blocking(read, False)
+        os.set_blocking(write, False)
+        self._wake = read, write
+        for signum in (*_STOPPING, signal.SIGHUP):
+            signal.signal(signum, self._handler)
 
-    def _stop_signal(self, signum: int, frame: FrameType | None) -> None:
-        if self._on_stop is not None:
-            self._on_stop(signum)
-        self.stop.set()
+    def _handler(self, signum: int, frame: FrameType | None) -> None:
+        if signum == signal.SIGHUP:
+            self._hup = True
+        else:
+            self._stop_signum = signum
+        if self._wake is not None:
+            try:
+                os.write(self._wake[1], b"\0")
+            except OSError:  # the pipe is full: the main loop has a wakeup pending already
+                pass
 
-    def _hup_signal(self, signum: int, frame: FrameType | None) -> None:
-        self.hup.set()
+    def _wait(self, timeout: float) -> None:
+        """Until a signal's wakeup byte (read, all of them: many signals, one look) or ``timeout``."""
+        if self._wake is None:  # not installed: only ``stop`` ends the wait early
+            self.stop.wait(timeout)
+            return
+        readable, _, _ = select.select([self._wake[0]], [], [], timeout)
+        if readable:
+            try:
+                while os.read(self._wake[0], 4096):
+                    pass
+            except BlockingIOError:
+                pass
 
     def run(self, on_hup: Callable[[], None], poll: Callable[[], bool] | None = None) -> None:
-        """Until ``stop``: ``on_hup()`` once for each SIGHUP, and for each time ``poll()`` (called every
-        tick) says that something the daemon watches changed."""
-        while not self.stop.wait(TICK):
+        """Until a stop signal or ``stop``: ``on_hup()`` once for the SIGHUPs that came since the last one
+        (many at once are one reload), and each time ``poll()`` (called every tick) says that something
+        the daemon watches changed."""
+        while not self._stop_signum and not self.stop.is_set():
+            self._wait(TICK)
+            if self._stop_signum:
+                break
             if poll is not None and poll():
-                self.hup.set()
-            if self.hup.is_set():
-                self.hup.clear()
+                self._hup = True
+            if self._hup:
+                self._hup = False
                 on_hup()
+        if self._stop_signum:
+            if self._on_stop is not None:
+                self._on_stop(self._stop_signum)
+            self.stop.set()

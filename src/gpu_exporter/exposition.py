@@ -26,6 +26,7 @@ from gpu_exporter.catalog import name_filter
 from gpu_exporter.model import DeviceId, DeviceSample, Sample
 from gpu_exporter.ring import RingBuffer
 from gpu_exporter.sampler import Sampler
+from gpu_exporter.selfmetrics import Served
 from gpu_exporter.web.server import Limits, Site, WebServer, parse_listen
 from gpu_exporter.web.webconfig import WebConfig
 
@@ -289,6 +290,7 @@ class Exposition:
         stale: Callable[[], bool] | None = None,
     ) -> None:
         self.registry = registry
+        self._served = Served(registry)  # without the _created series (selfmetrics.Served says why)
         self.view = view
         self.sections = list(sections)
         self.stale = stale  # the sampler's stale(): while True, serve the agent's own metrics alone
@@ -309,7 +311,7 @@ class Exposition:
                 parts.append(section())
             except Exception:
                 log.exception("a metrics section failed to render")
-        parts.append(generate_latest(self.registry).decode("utf-8"))
+        parts.append(generate_latest(self._served).decode("utf-8"))
         plain = "".join(parts).encode("utf-8")
         packed = gzip.compress(plain, compresslevel=6, mtime=0)
         om = _openmetrics(plain) if self.openmetrics_asked else None

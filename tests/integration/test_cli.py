@@ -64,7 +64,7 @@ def test_config_file_env_and_json_logs(exporter: type[Exporter], tmp_path: Path)
         (("--gpu-vendor=nvidia",), 1, "libnvidia-ml.so.1 not found"),
         (("--gpu-vendor=auto",), 1, "--gpu-vendor=fake"),
         (("--gpu-vendor=fake", "--web.listen-address=nohost"), 2, "invalid listen address"),
-        (("--no-such-flag",), 2, "unrecognized arguments"),
+        (("--no-such-flag",), 2, "unrecognized argument --no-such-flag"),
     ],
 )
 def test_user_errors_are_one_line_and_nonzero(args: tuple[str, ...], code: int, needle: str) -> None:

@@ -24,8 +24,10 @@ from gpu_exporter import __version__, selfmetrics
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import BRIDGE
+from gpu_exporter.config.flags import FlagParser
 from gpu_exporter.config.sources import add_option
 from gpu_exporter.daemon import Signals
+from gpu_exporter.forward.options import SUBSCRIBER_HELP
 from gpu_exporter.mqtt.tls import error_reason
 
 if TYPE_CHECKING:
@@ -41,7 +43,7 @@ PROG = "gpu-exporter bridge"
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=PROG,
         description="Cloud side of store-and-forward: subscribes to the edge nodes' MQTT batches and writes "
         "them to Prometheus remote write (Prometheus, VictoriaMetrics, Thanos Receive, Mimir). A message is "
@@ -59,7 +61,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     defaults = cfg.Config()
     for opt in BRIDGE:
-        add_option(parser, opt, getattr(defaults, opt.field), opt.help.removeprefix("bridge: "))
+        add_option(
+            parser, opt, getattr(defaults, opt.field), SUBSCRIBER_HELP.get(opt.name, opt.help.removeprefix("bridge: "))
+        )
     return parser
 
 
@@ -256,12 +260,14 @@ def _server(
     from gpu_exporter.openmetrics import CONTENT_TYPE, accepts_openmetrics
     from gpu_exporter.web.server import Limits, ServerCollector, Site, WebServer
 
+    served = selfmetrics.Served(registry)  # without the _created series, as the agent's page
+
     def page(accept_gzip: bool) -> bytes:
-        text = generate_latest(registry)
+        text = generate_latest(served)
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
     def openmetrics_page(accept_gzip: bool) -> bytes:
-        text: bytes = openmetrics_latest(registry)  # type: ignore[no-untyped-call]
+        text: bytes = openmetrics_latest(served)  # type: ignore[no-untyped-call]
         return gzip.compress(text, compresslevel=6, mtime=0) if accept_gzip else text
 
     def negotiate(accept: str | None) -> tuple[Callable[[bool], bytes], str]:

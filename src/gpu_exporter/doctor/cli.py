@@ -14,6 +14,7 @@ from collections.abc import Sequence
 from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import DOCTOR
+from gpu_exporter.config.flags import FlagParser
 from gpu_exporter.doctor import broker
 from gpu_exporter.doctor.checks import CHECKS, FAIL, Check, Node, Result
 
@@ -24,7 +25,7 @@ ALL: tuple[Check, ...] = (*CHECKS, broker.broker, broker.clock)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=PROG,
         description="Check this node for what the agent needs: GPU libraries and driver, device nodes, the "
         "NVIDIA runtime's environment, Jetson sysfs, the mounts for pod attribution, the spool, the MQTT "

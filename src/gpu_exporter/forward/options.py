@@ -16,7 +16,7 @@ from gpu_exporter.config.parsers import (
     size_between,
 )
 
-__all__ = ["FORWARD_OPTIONS", "MQTT_CONNECTION", "ForwardOptions"]
+__all__ = ["FORWARD_OPTIONS", "MQTT_CONNECTION", "SUBSCRIBER_HELP", "ForwardOptions"]
 
 
 @dataclass(frozen=True)
@@ -162,3 +162,10 @@ MQTT_CONNECTION = (
     "mqtt.tls.key-file",
     "mqtt.keepalive",
 )
+
+# The rows whose help speaks of publishing, as the commands that subscribe (``bridge``, ``tail``) show them.
+SUBSCRIBER_HELP = {
+    "mqtt.url": "MQTT broker the edge nodes publish their batches to, mqtt://HOST[:PORT] or mqtts://HOST[:PORT] "
+    "(required)",
+    "mqtt.topic-prefix": "topic prefix: batches are read from PREFIX/NODE/batch",
+}

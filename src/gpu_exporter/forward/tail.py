@@ -23,6 +23,8 @@ from paho.mqtt.enums import MQTTErrorCode
 from gpu_exporter import catalog
 from gpu_exporter import config as cfg
 from gpu_exporter.config.commands import TAIL
+from gpu_exporter.config.flags import FlagParser
+from gpu_exporter.forward.options import SUBSCRIBER_HELP
 from gpu_exporter.mqtt.client import new_client
 from gpu_exporter.mqtt.settings import LinkSettings, read_password
 from gpu_exporter.payload import Batch, PayloadError, decode
@@ -34,13 +36,17 @@ PROG = "gpu-exporter tail"
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = FlagParser(
         prog=PROG,
         description="Print the samples arriving on an MQTT broker, decoded, one JSON line per device and sample.",
     )
     for opt in TAIL:
         parser.add_argument(
-            f"--{opt.name}", dest=opt.name, metavar=opt.metavar, default=argparse.SUPPRESS, help=opt.help
+            f"--{opt.name}",
+            dest=opt.name,
+            metavar=opt.metavar,
+            default=argparse.SUPPRESS,
+            help=SUBSCRIBER_HELP.get(opt.name, opt.help),
         )
     parser.add_argument("--node", default="+", help="only this node's batches (default: all nodes)")
     parser.add_argument("--count", type=int, default=0, metavar="N", help="exit after N batches (default: never)")
