@@ -4,9 +4,9 @@ nodes, by the agent and the bridge, at start and at reload, without the parse's 
 
 from __future__ import annotations
 
-import os
 import signal
 import subprocess
+import sys
 from pathlib import Path
 
 from gpu_exporter import safeyaml
@@ -24,14 +24,30 @@ def _items(path: Path, key: str) -> Path:
     return path
 
 
-def _run(*args: str) -> tuple[int, str, int]:
+# Runs the command and writes its peak RSS (KiB) to the file named first. A child forked straight from the
+# pytest worker starts out with the worker's resident pages (over 400 MB seen in a full run), which its
+# ru_maxrss keeps after the exec; forked from this small process, the peak is the command's own.
+_MEASURE = (
+    "import os, subprocess, sys\n"
+    "proc = subprocess.Popen(sys.argv[2:])\n"
+    "_, status, usage = os.wait4(proc.pid, 0)\n"
+    "open(sys.argv[1], 'w').write(str(usage.ru_maxrss))\n"
+    "sys.exit(os.waitstatus_to_exitcode(status))\n"
+)
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, str, int]:
     """``gpu-exporter ARGS`` to its end: exit status, stderr, and its peak resident memory in KiB."""
-    proc = subprocess.Popen(exporter_cmd(*args), env=child_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL)
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode()
-    _, status, usage = os.wait4(proc.pid, 0)
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    return proc.returncode, err, usage.ru_maxrss
+    peak = tmp_path / "peak"
+    proc = subprocess.run(
+        [sys.executable, "-c", _MEASURE, str(peak), *exporter_cmd(*args)],
+        env=child_env(),
+        stderr=subprocess.PIPE,
+        stdout=subprocess.DEVNULL,
+        timeout=120,
+        check=False,
+    )
+    return proc.returncode, proc.stderr.decode(), int(peak.read_text())
 
 
 def _peak_kib(pid: int) -> int:
@@ -43,7 +59,7 @@ def _peak_kib(pid: int) -> int:
 
 def test_the_agent_refuses_it_at_start(tmp_path: Path) -> None:
     conf = _items(tmp_path / "agent.yaml", "metrics.include")
-    code, err, peak = _run(f"--config.file={conf}")
+    code, err, peak = _run(tmp_path, f"--config.file={conf}")
     assert code == 2 and err.count("\n") == 1 and REFUSED in err, err
     assert f"{conf}:1" in err
     assert peak < LIMIT_KIB, peak
@@ -51,7 +67,7 @@ def test_the_agent_refuses_it_at_start(tmp_path: Path) -> None:
 
 def test_the_bridge_refuses_it_at_start(tmp_path: Path) -> None:
     web = _items(tmp_path / "web.yml", "basic_auth_users")
-    code, err, peak = _run(*lone_bridge_args(free_port()), f"--web.config.file={web}")
+    code, err, peak = _run(tmp_path, *lone_bridge_args(free_port()), f"--web.config.file={web}")
     assert code == 2 and err.count("\n") == 1 and REFUSED in err, err
     assert peak < LIMIT_KIB, peak
 
