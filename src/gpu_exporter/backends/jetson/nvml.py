@@ -23,7 +23,7 @@ from gpu_exporter.backends._calls import CallGuard, Fault, Lost
 from gpu_exporter.backends.base import BackendError
 from gpu_exporter.backends.nvidia.devices import text
 from gpu_exporter.backends.nvidia.integrated import is_integrated
-from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
+from gpu_exporter.backends.nvidia.library import classify, import_pynvml, init_message
 from gpu_exporter.model import ProcessUsage
 
 __all__ = ["ThorNvml"]
@@ -101,16 +101,7 @@ class ThorNvml:
         return self._handle is not None
 
     def _classify(self, exc: Exception) -> Fault | None:
-        nv = self._nv
-        if not isinstance(exc, nv.NVMLError):
-            return None
-        if isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument)):
-            return Fault.UNSUPPORTED
-        if isinstance(exc, nv.NVMLError_FunctionNotFound):
-            return Fault.MISSING
-        if isinstance(exc, (nv.NVMLError_NotFound, nv.NVMLError_NoData)):
-            return Fault.EMPTY
-        return Fault.LOST if isinstance(exc, nv.NVMLError_GpuIsLost) else Fault.ERROR
+        return classify(self._nv, exc)
 
     def _call(self, name: str) -> Any:
         """``nvml.<name>(handle)``, or None when unavailable (a lost GPU is counted, not raised)."""

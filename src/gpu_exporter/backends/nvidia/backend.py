@@ -35,7 +35,7 @@ from gpu_exporter.backends.nvidia.devices import (
     text,
 )
 from gpu_exporter.backends.nvidia.integrated import is_integrated
-from gpu_exporter.backends.nvidia.library import import_pynvml, init_message
+from gpu_exporter.backends.nvidia.library import classify, import_pynvml, init_message
 from gpu_exporter.backends.nvidia.slow import SlowCalls
 from gpu_exporter.backends.nvidia.violation import read_violations
 from gpu_exporter.backends.nvidia.xid import XidEvents
@@ -262,20 +262,7 @@ class NvmlBackend:
         simple.read(rows, fetch, v, self.errors)
 
     def _classify(self, exc: Exception) -> Fault | None:
-        nv = self._nv
-        if isinstance(exc, nv.NVMLLibraryMismatchError):
-            return Fault.MISSING  # pynvml's unversioned wrapper when the driver lacks the newest variant
-        if not isinstance(exc, nv.NVMLError):
-            return None
-        if isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument)):
-            return Fault.UNSUPPORTED
-        if isinstance(exc, nv.NVMLError_FunctionNotFound):
-            return Fault.MISSING
-        if isinstance(exc, (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired)):
-            return Fault.LOST
-        if isinstance(exc, (nv.NVMLError_NotFound, nv.NVMLError_NoData)):
-            return Fault.EMPTY  # nothing to report right now (no process samples yet)
-        return Fault.ERROR
+        return classify(self._nv, exc)
 
     def _try(self, device: Device, name: str, *args: Any) -> Any:
         """Like _call, for paths where a lost device is not news (cleanup, discovery extras)."""

@@ -6,9 +6,10 @@ import importlib
 from types import ModuleType
 from typing import Any
 
+from gpu_exporter.backends._calls import Fault
 from gpu_exporter.backends.base import BackendError
 
-__all__ = ["import_pynvml", "init_message"]
+__all__ = ["classify", "import_pynvml", "init_message"]
 
 
 def import_pynvml() -> ModuleType:
@@ -36,3 +37,20 @@ def init_message(nv: Any, exc: Exception) -> str:
     if isinstance(exc, nv.NVMLError_NoPermission):
         return "no permission to open the NVIDIA devices: check access to /dev/nvidia*"
     return f"NVML initialisation failed: {exc}"
+
+
+def classify(nv: Any, exc: Exception) -> Fault | None:
+    """What an NVML error means for the call that raised it (``_calls.CallGuard``); None: not NVML's."""
+    if isinstance(exc, nv.NVMLLibraryMismatchError):
+        return Fault.MISSING  # pynvml's unversioned wrapper when the driver lacks the newest variant
+    if not isinstance(exc, nv.NVMLError):
+        return None
+    if isinstance(exc, (nv.NVMLError_NotSupported, nv.NVMLError_InvalidArgument)):
+        return Fault.UNSUPPORTED
+    if isinstance(exc, nv.NVMLError_FunctionNotFound):
+        return Fault.MISSING
+    if isinstance(exc, (nv.NVMLError_GpuIsLost, nv.NVMLError_ResetRequired)):
+        return Fault.LOST
+    if isinstance(exc, (nv.NVMLError_NotFound, nv.NVMLError_NoData)):
+        return Fault.EMPTY  # nothing to report right now (no process samples yet)
+    return Fault.ERROR
