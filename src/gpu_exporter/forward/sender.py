@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.forward_metrics import ForwardMetrics
+from gpu_exporter.forward.health import HealthReports
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.prepare import OpenBatch
@@ -47,6 +48,7 @@ class Sender:
     spool: Spool
     meter: LinkMeter
     adaptive: Adaptive
+    reports: HealthReports
     metrics: ForwardMetrics
     _clock: Callable[[], float]
     _open: OpenBatch
@@ -90,6 +92,11 @@ class Sender:
             return False
         if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
             return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
+        report = self.reports.pending
+        if report is not None:
+            return not self.link.fits(self.topic, len(report)) or self.meter.room(
+                self.link.packet_size(self.topic, len(report))
+            )
         if self.adaptive.waiting():
             return self.adaptive.can_send(self.link, self.topic)
         if self.adaptive.active:
@@ -115,6 +122,8 @@ class Sender:
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
+        if not self.reports.send(self.link, self.topic, self.meter, now):
+            return  # the agent's health goes first (health.py)
         if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
             return  # summaries go before anything else
         if self.adaptive.active:  # when the next summary is due
@@ -301,6 +310,8 @@ class Sender:
         # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure
         self.meter.acked(mid, self._clock(), math.inf if self.link.ramp_quick() else self.link.status_rtt)
         self._stalled = ""  # the broker answers
+        if self.reports.acked(mid):
+            return  # a health report: nothing in the spool
         if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
