@@ -27,8 +27,8 @@ from gpu_exporter.model import DeviceId, SeriesKey
 from gpu_exporter.payload import document
 from gpu_exporter.payload.deltas import POWERS, Deltas
 from gpu_exporter.payload.document import read_column, read_device, read_header
-from gpu_exporter.payload.health import read_health
 from gpu_exporter.payload.frame import INFLATE_FLOOR, INFLATE_RATIO, inflate_limit, parse_text, unframe
+from gpu_exporter.payload.health import read_health
 from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, HealthValue, PayloadError
 
 __all__ = ["INFLATE_FLOOR", "INFLATE_RATIO", "ColumnBatch", "ColumnDevice", "inflate_limit", "read"]
