@@ -218,7 +218,7 @@ def test_stale_and_backlog_alerts_fire_in_the_cloud(cloud: dict[str, Any]) -> No
     wait_until(lambda: not _has(prom, stale, HANG), 60, "the node recovered")
 
     # the thin node: raw batches pile up on its disk; the cloud sees it through the health reports
-    condition = backlog.split("and")[0].strip()
+    condition = backlog.split("and")[1].strip()
     assert condition == "deriv(gpu_exporter_forward_spool_batches[15m]) > 0"
     assert _has(prom, condition, THIN)
     assert not _has(prom, condition, SIM)
