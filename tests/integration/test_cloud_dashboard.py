@@ -27,6 +27,7 @@ from typing import Any
 import pytest
 import yaml
 
+from gpu_exporter.forward.health import REPORTED
 from tests.fakes import nvml_lib
 from tests.support import ROOT, child_env
 from tests.support.agent_proc import Proc
@@ -177,6 +178,28 @@ def test_every_dashboard_panel_shows_the_bridged_node(cloud: dict[str, Any]) -> 
     assert 0 <= float(age[0]["value"][1]) < 30
     # the node variable lists it
     assert _has(prom, "gpu_info", SIM)
+
+
+def test_the_agents_own_series_are_in_the_cloud_as_on_its_page(cloud: dict[str, Any]) -> None:
+    """Every reported series of the node's page, by name and labels, has the node label in the cloud."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    prom: PrometheusServer = cloud["prom"]
+    page = cloud["agents"][0].scrape()
+    on_page = {
+        (s.name, frozenset((k, v) for k, v in s.labels.items() if v))
+        for family in text_string_to_metric_families(page)
+        for s in family.samples
+        if s.name in REPORTED
+    }
+    assert len(on_page) >= 30
+    names = "|".join(sorted({name for name, _ in on_page}))
+    rows = prom.query(f'{{__name__=~"{names}",node="{SIM}"}}')["result"]
+    in_cloud = {
+        (r["metric"]["__name__"], frozenset((k, v) for k, v in r["metric"].items() if k not in ("__name__", "node")))
+        for r in rows
+    }
+    assert on_page == in_cloud
 
 
 def test_every_series_the_rules_read_exists_for_the_bridged_node(cloud: dict[str, Any]) -> None:

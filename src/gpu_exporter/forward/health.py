@@ -120,7 +120,7 @@ class HealthReports:
         self.inflight: dict[int, int] = {}  # published, awaiting the PUBACK: mid -> bytes
         self.made_at = -math.inf  # forwarder clock of the last report made
         self.summaries = 0  # fresh summaries made when the last report was (Adaptive.emitted)
-        self.sent = 0  # reports acknowledged (for tests and the bench)
+        self.sent = 0  # reports acknowledged, or handed to a fresh summary (for tests and the bench)
         self._unfit_logged = False
 
     def due(self, now: float, interval: float, summarising: bool, summaries: int) -> bool:
@@ -160,6 +160,13 @@ class HealthReports:
         self.inflight[mid] = len(data)
         meter.sent(mid, packet, now)
         return True
+
+    def take(self) -> bytes | None:
+        """The pending report, handed over to go with a fresh summary (adaptive.py acknowledges it)."""
+        data, self.pending = self.pending, None
+        if data is not None:
+            self.sent += 1
+        return data
 
     def acked(self, mid: int) -> bool:
         """True when ``mid`` was a report's PUBACK."""

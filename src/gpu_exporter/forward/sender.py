@@ -93,7 +93,7 @@ class Sender:
         if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
             return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
         report = self.reports.pending
-        if report is not None:
+        if report is not None and not self.adaptive.fresh_waiting():
             return not self.link.fits(self.topic, len(report)) or self.meter.room(
                 self.link.packet_size(self.topic, len(report))
             )
@@ -122,9 +122,13 @@ class Sender:
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
-        if not self.reports.send(self.link, self.topic, self.meter, now):
-            return  # the agent's health goes first (health.py)
-        if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
+        # The agent's health goes first (health.py); with a fresh summary, as the first packet of its
+        # delivery (adaptive.py), which then measures the link over both.
+        if not self.adaptive.fresh_waiting() and not self.reports.send(self.link, self.topic, self.meter, now):
+            return
+        if not self.adaptive.send(
+            self.link, self.topic, self.link.capacity() - len(self._inflight), now, lead=self.reports.take
+        ):
             return  # summaries go before anything else
         if self.adaptive.active:  # when the next summary is due
             until_next = self.adaptive.next_due(time.time())
