@@ -138,12 +138,14 @@ class HealthReports:
         sample = Sample(self.seq, round(self._wall(), 3), ())
         self.pending = encode(Batch(self.node, self.boot, (sample,), health=values))
 
-    def send(self, link: Link, topic: str, meter: LinkMeter, now: float) -> bool:
-        """Publish the pending report when the link, the pacing window and the rate allow; False while it
-        waits (nothing else goes before it)."""
+    def send(self, link: Link, topic: str, meter: LinkMeter, now: float, room: int) -> bool:
+        """Publish the pending report when the link, the in-flight window (``room`` more publishes), the
+        pacing window and the rate allow; False while it waits (nothing else goes before it)."""
         data = self.pending
         if data is None or not link.up:
             return True
+        if room <= 0:
+            return False
         if not link.fits(topic, len(data)):  # over what the broker or the link takes in one packet
             self.pending = None
             if not self._unfit_logged:

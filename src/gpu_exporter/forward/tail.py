@@ -70,17 +70,7 @@ def _series_name(key: str, values: tuple[str, ...]) -> str:
 
 
 def lines(batch: Batch) -> Iterator[dict[str, Any]]:
-    """The JSON objects ``tail`` prints for one batch (for a health report, one object of its values)."""
-    if batch.health:
-        when = datetime.fromtimestamp(batch.samples[0].timestamp, timezone.utc).isoformat(timespec="milliseconds")
-        yield {
-            "node": batch.node,
-            "boot": batch.boot,
-            "report": batch.first_seq,
-            "timestamp": when.replace("+00:00", "Z"),
-            "health": {name + _label_text(labels): value for name, labels, value in batch.health},
-        }
-        return
+    """The JSON objects ``tail`` prints for one batch (none for a health report: it has no devices)."""
     for sample in batch.samples:
         when = datetime.fromtimestamp(sample.timestamp, timezone.utc).isoformat(timespec="milliseconds")
         for dev in sample.devices:
