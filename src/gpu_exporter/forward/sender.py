@@ -341,8 +341,10 @@ class Sender:
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         # a packet whose pieces all came back quickly (a burst, or a fast link still in the young
-        # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure
-        self.meter.acked(mid, self._clock(), math.inf if self.link.ramp_quick() else self.link.status_rtt)
+        # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure; nor
+        # does a health report alone on the link (a few hundred bytes: its round trip is the latency)
+        quick = self.link.ramp_quick() or mid in self.reports.inflight
+        self.meter.acked(mid, self._clock(), math.inf if quick else self.link.status_rtt)
         self._stalled = ""  # the broker answers
         if self.reports.acked(mid):  # a health report: nothing in the spool; refused, it is not sent again
             if not ok:
