@@ -106,3 +106,14 @@ def test_a_report_with_device_data_is_refused() -> None:
 def test_the_encoder_refuses_what_readers_would(batch: Batch) -> None:
     with pytest.raises(ValueError):
         encode(batch)
+
+
+def test_the_health_report_in_docs_payload_md_reads() -> None:
+    from tests.support import paths
+
+    text = (paths.ROOT / "docs" / "payload.md").read_text(encoding="utf-8")
+    example = text.split("## Health reports", 1)[1].split("```json\n", 1)[1].split("```", 1)[0]
+    jsonschema.validate(json.loads(example), codec.schema())
+    batch = decode(example.encode())
+    assert batch.first_seq == 42 and not batch.samples[0].devices
+    assert batch.health[3] == HealthValue("gpu_exporter_forward_dropped_batches_total", (("reason", "max_age"),), 0.0)
