@@ -376,8 +376,8 @@ class Adaptive:
     ) -> bool:
         """Publish summaries while ``room`` (in-flight slots less what is in flight), the pacing window and
         the rate allow: the fresh one first, then the backlog's; False while some still wait. ``lead``
-        gives a payload to go first in a fresh summary's delivery (the agent's health report, health.py),
-        which is then measured over both."""
+        gives a payload to go in a fresh summary's delivery, right behind it (the agent's health report,
+        health.py), which is then measured over both."""
         while link.up and len(self.inflight) < room:
             if not self._fresh and self._pending is not None:
                 point, span, size = self._pending
@@ -387,9 +387,9 @@ class Adaptive:
                 self._fresh.extend(
                     self._cut(Batch(self.node, self.boot, (point,), max(1, round(span * 1000))), link, topic)
                 )
-                first = lead() if lead is not None else None
-                if first is not None and link.fits(topic, len(first)):
-                    self._fresh.appendleft(first)
+                report = lead() if lead is not None else None
+                if report is not None and link.fits(topic, len(report)):
+                    self._fresh.append(report)  # right behind the summary: it does not delay the summary
                 self._delivery = [now, 0, set(), not self.meter.inflight_bytes()]
                 continue
             source = self._fresh or self.queue

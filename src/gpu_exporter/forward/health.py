@@ -8,8 +8,8 @@ scraped node and a bridged one alike.
 
 A report is the state of one moment, so it is not spooled: while the broker is away none is made, on
 reconnect one goes at once, and a report the link has not taken yet is replaced by the next one. It goes
-ahead of everything else on the link (summaries included), within the pacing window and
-``--mqtt.max-rate``. It is made per batch interval on the forwarder's own clock, so a sampler that hangs
+ahead of everything else on the link, within the pacing window and ``--mqtt.max-rate``; behind a fresh
+summary only (in its delivery, adaptive.py). It is made per batch interval on the forwarder's own clock, so a sampler that hangs
 (a driver call that never returns) still reports, and its last successful collect ages in the cloud as on
 the node. While summaries go first (a thin link), a report goes with each fresh summary, no more often:
 on a link of 150 B/s each report costs about two seconds of it.

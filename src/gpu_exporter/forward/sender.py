@@ -122,8 +122,8 @@ class Sender:
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
-        # The agent's health goes first (health.py); with a fresh summary, as the first packet of its
-        # delivery (adaptive.py), which then measures the link over both.
+        # The agent's health goes first (health.py); with a fresh summary, right behind it in its delivery
+        # (adaptive.py), which then measures the link over both.
         free = self.link.capacity() - self._busy()
         if not self.adaptive.fresh_waiting() and not self.reports.send(self.link, self.topic, self.meter, now, free):
             return

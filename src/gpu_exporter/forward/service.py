@@ -21,7 +21,9 @@ working (for /readyz).
 
 On a link thinner than full resolution needs (measured from PUBACKs, or ``--mqtt.max-rate``), and for
 a long backlog after an outage, summaries go before everything else and full-resolution batches only
-as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links").
+as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links"). Each batch interval the
+agent's own metrics go first of all, as a health report (``health.HealthReports``), even while no
+sample comes.
 """
 
 from __future__ import annotations
