@@ -11,8 +11,8 @@ reconnect one goes at once, and a report the link has not taken yet is replaced 
 ahead of everything else on the link, within the pacing window and ``--mqtt.max-rate``; behind a fresh
 summary only (in its delivery, adaptive.py). It is made per batch interval on the forwarder's own clock, so a sampler that hangs
 (a driver call that never returns) still reports, and its last successful collect ages in the cloud as on
-the node. While summaries go first (a thin link), a report goes with each fresh summary, no more often:
-on a link of 150 B/s each report costs about two seconds of it.
+the node. While summaries go first (a thin link), a report goes with a fresh summary, every
+``WEAK_EVERY`` seconds at most: on a link of 150 B/s each report costs about two seconds of it.
 """
 
 from __future__ import annotations
@@ -29,9 +29,13 @@ from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.model import Sample
 from gpu_exporter.payload import Batch, HealthValue, encode
 
-__all__ = ["REPORTED", "HealthReports", "snapshot"]
+__all__ = ["REPORTED", "WEAK_EVERY", "HealthReports", "snapshot"]
 
 log = logging.getLogger("gpu_exporter.forward")
+
+# Seconds between reports at least while summaries go first: on a thin link every byte delays the GPUs'
+# data, and the alerts on the agent's state wait minutes (GPUExporterStale: 2, the spool's: 15).
+WEAK_EVERY = 30.0
 
 # What a report carries: the figures a fleet operator runs a node by (collect, spool, drops, link,
 # takeovers, build, process), by their names on the agent's page.
@@ -124,8 +128,9 @@ class HealthReports:
         self._unfit_logged = False
 
     def due(self, now: float, interval: float, summarising: bool, summaries: int) -> bool:
-        """A batch interval since the last report, and while summaries go first, a fresh summary since."""
-        if now - self.made_at < interval:
+        """A batch interval since the last report; while summaries go first, ``WEAK_EVERY`` seconds at
+        least, and a fresh summary since (the report goes with it)."""
+        if now - self.made_at < (max(interval, WEAK_EVERY) if summarising else interval):
             return False
         return not summarising or summaries != self.summaries
 

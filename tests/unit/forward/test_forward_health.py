@@ -47,9 +47,11 @@ def test_a_report_is_made_each_batch_interval_and_while_summarising_only_with_a_
     assert batch.first_seq == 1 and batch.samples[0].timestamp == 1764412830.0 and not batch.samples[0].devices
     assert not reports.due(1.9, 2.0, summarising=False, summaries=0)
     assert reports.due(2.0, 2.0, summarising=False, summaries=0)
-    assert not reports.due(5.0, 2.0, summarising=True, summaries=0)  # no fresh summary since
-    assert reports.due(5.0, 2.0, summarising=True, summaries=1)
-    reports.make(5.0, summaries=1)
-    assert decode(reports.pending).first_seq == 2  # the newest replaces the one not yet sent
+    reports.make(2.0, summaries=0)
+    assert not reports.due(40.0, 2.0, summarising=True, summaries=0)  # no fresh summary since
+    assert not reports.due(31.9, 2.0, summarising=True, summaries=1)  # a thin link: every 30 s at most
+    assert reports.due(32.0, 2.0, summarising=True, summaries=1)
+    reports.make(32.0, summaries=1)
+    assert decode(reports.pending).first_seq == 3  # the newest replaces the one not yet sent
     reports.lost()
     assert reports.pending is None
