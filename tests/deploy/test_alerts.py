@@ -1,4 +1,5 @@
-"""The PrometheusRule's alerts, checked and unit-tested by promtool on synthetic series.
+"""The PrometheusRule's alerts, checked and unit-tested by promtool on synthetic series, the rule groups
+extracted from the manifest byte for byte (``shipped_groups``): the rules as shipped, annotations and all.
 
 Each alert has a case where it fires and one where it stays quiet (tests/alerts/*.test.yaml).
 """
@@ -30,13 +31,21 @@ def _groups() -> list[dict[str, Any]]:
     return groups
 
 
-def _write_rules(path: Path, keep_annotations: bool) -> None:
-    groups = _groups()
-    if not keep_annotations:
-        for group in groups:
-            for rule in group["rules"]:
-                rule.pop("annotations", None)
-    path.write_text(yaml.safe_dump({"groups": groups}, sort_keys=False), encoding="utf-8")
+def shipped_groups() -> str:
+    """The manifest's ``spec.groups`` as a rule file, byte for byte: its lines from ``groups:`` on, less
+    the two spaces of indentation ``spec:`` gives them. Nothing is stripped or re-serialised, so promtool
+    tests the rules, annotations and all, exactly as the PrometheusRule ships them."""
+    lines = RULE_FILE.read_text(encoding="utf-8").splitlines(keepends=True)
+    start = lines.index("  groups:\n")
+    body = lines[start:]
+    assert all(line.startswith("  ") or not line.strip() for line in body), "spec.groups must end the manifest"
+    text = "".join(line[2:] if line.strip() else line for line in body)
+    assert yaml.safe_load(text)["groups"] == _groups(), "the extracted groups differ from the manifest's"
+    return text
+
+
+def _write_rules(path: Path) -> None:
+    path.write_text(shipped_groups(), encoding="utf-8")
 
 
 def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
@@ -45,22 +54,22 @@ def _promtool(*args: str) -> subprocess.CompletedProcess[str]:
 
 def test_rules_pass_promtool_check(tmp_path: Path) -> None:
     rules = tmp_path / "rules.yaml"
-    _write_rules(rules, keep_annotations=True)
+    _write_rules(rules)
     result = _promtool("check", "rules", str(rules))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "SUCCESS" in result.stdout
 
 
-@pytest.mark.parametrize("test_file", ["gpu.test.yaml", "agent.test.yaml"])
+@pytest.mark.parametrize("test_file", ["gpu.test.yaml", "agent.test.yaml", "bridge.test.yaml"])
 def test_alerts_fire_and_stay_quiet(tmp_path: Path, test_file: str) -> None:
-    _write_rules(tmp_path / "rules.yaml", keep_annotations=False)
+    _write_rules(tmp_path / "rules.yaml")
     shutil.copy(ALERT_TESTS / test_file, tmp_path / test_file)
     result = _promtool("test", "rules", str(tmp_path / test_file))
     assert result.returncode == 0, result.stdout + result.stderr
 
 
 def test_annotation_templates_render(tmp_path: Path) -> None:
-    _write_rules(tmp_path / "rules.yaml", keep_annotations=True)
+    _write_rules(tmp_path / "rules.yaml")
     shutil.copy(ALERT_TESTS / "annotations.test.yaml", tmp_path / "annotations.test.yaml")
     result = _promtool("test", "rules", str(tmp_path / "annotations.test.yaml"))
     assert result.returncode == 0, result.stdout + result.stderr
@@ -81,13 +90,9 @@ def test_every_alert_has_a_unit_test() -> None:
 
 def test_broken_rule_is_caught(tmp_path: Path) -> None:
     """The harness really runs the rules: a rule with a wrong threshold fails its unit test."""
-    groups = _groups()
-    for group in groups:
-        for rule in group["rules"]:
-            rule.pop("annotations", None)
-            if rule.get("alert") == "GPUTemperatureHigh":
-                rule["expr"] = rule["expr"].replace("> 85", "> 95")
-    (tmp_path / "rules.yaml").write_text(yaml.safe_dump({"groups": groups}), encoding="utf-8")
+    text = shipped_groups()
+    assert text.count('gpu_temperature_celsius{sensor="gpu"} > 85') == 1
+    (tmp_path / "rules.yaml").write_text(text.replace('{sensor="gpu"} > 85', '{sensor="gpu"} > 95'), encoding="utf-8")
     shutil.copy(ALERT_TESTS / "gpu.test.yaml", tmp_path / "gpu.test.yaml")
     result = _promtool("test", "rules", str(tmp_path / "gpu.test.yaml"))
     assert result.returncode != 0

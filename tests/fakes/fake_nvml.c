@@ -25,6 +25,8 @@
  *   FAKE_NVML_LOST       gpu,...: every call on these GPUs answers GPU_IS_LOST
  *   FAKE_NVML_FAIL       symbol[@gpu]=code,...: that call answers that NVML error code
  *   FAKE_NVML_XIDS       gpu:xid,...: XID events, delivered in order by nvmlEventSetWait_v2
+ *   FAKE_NVML_HANG       file: while it exists, every call blocks (a driver that stopped answering),
+ *                        looked for every 50 ms
  *   FAKE_NVML_LOG        file: one line per call, "symbol gpu tid start_ns end_ns return" (gpu -1: none;
  *                        times on CLOCK_MONOTONIC; tid the kernel's thread id)
  *   FAKE_NVML_BOARD      "" (default: data-centre GPUs, as above), or a Jetson's integrated GPU as its
@@ -123,6 +125,7 @@ static struct { char name[NAME_LEN]; int gpu; int code; } fails[MAX_RULES];
 static char missing[MAX_RULES][NAME_LEN];
 static struct { unsigned int gpu; unsigned long long xid; } xids[MAX_RULES];
 static unsigned int n_costs, n_fails, n_missing, n_xids, next_xid;
+static const char *hang_path; /* FAKE_NVML_HANG */
 static int lost[MAX_GPUS];
 static double elapsed, throttle[MAX_POLICIES];
 static int throttled[MAX_POLICIES];
@@ -237,6 +240,7 @@ static void read_scenario(void) {
     each_item(env("FAKE_NVML_LOST", ""), add_lost);
     each_item(env("FAKE_NVML_XIDS", ""), add_xid);
     if (log_fd >= 0) close(log_fd);
+    hang_path = env("FAKE_NVML_HANG", NULL);
     const char *log_path = env("FAKE_NVML_LOG", NULL);
     log_fd = log_path ? open(log_path, O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644) : -1;
 }
@@ -256,6 +260,10 @@ static int begin(call *c, const char *name, int gpu) {
     c->name = name;
     c->gpu = gpu;
     clock_gettime(CLOCK_MONOTONIC, &c->started);
+    if (hang_path != NULL) {
+        struct timespec tick = {0, 50000000L};
+        while (access(hang_path, F_OK) == 0) nanosleep(&tick, NULL);
+    }
     for (unsigned int i = 0; i < n_costs; i++) {
         if (strcmp(costs[i].name, name) == 0 && costs[i].ms > 0) {
             struct timespec wait = {costs[i].ms / 1000, (long)(costs[i].ms % 1000) * 1000000L};

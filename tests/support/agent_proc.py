@@ -16,7 +16,8 @@ FAST = ["--gpu-vendor=fake", "--fake.gpus=2", "--gpu-metrics-collection-interval
 class Proc:
     """The exporter CLI as a child process with its log in a file (readable while it runs)."""
 
-    def __init__(self, tmp_path: Path, *args: str, name: str = "exporter") -> None:
+    def __init__(self, tmp_path: Path, *args: str, name: str = "exporter", env: dict[str, str] | None = None) -> None:
+        self.env = env
         self.port = free_port()
         self.log_path = tmp_path / f"{name}-{self.port}.log"
         self.args = ["--web.listen-address", f"127.0.0.1:{self.port}", *args]
@@ -24,7 +25,7 @@ class Proc:
 
     def start(self) -> Proc:
         with open(self.log_path, "wb") as log:
-            self.proc = subprocess.Popen(exporter_cmd(*self.args), env=child_env(), stdout=log, stderr=log)
+            self.proc = subprocess.Popen(exporter_cmd(*self.args), env=self.env or child_env(), stdout=log, stderr=log)
         assert wait_until(self._ready, 20), f"exporter not ready: {self.log()}"
         return self
 

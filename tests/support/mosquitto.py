@@ -145,6 +145,7 @@ class Collector:
         self.raw: list[bytes] = []
         self.errors: list[str] = []
         self.status: dict[str, bytes] = {}
+        self.health: list[Batch] = []  # health reports (payload/health.py), kept apart from the batches
         self.order: list[tuple[str, int, int]] = []  # (boot, first_seq, last_seq) in arrival order
         self._lock = threading.Lock()
         self.topic = f"{prefix}/+/batch"
@@ -206,6 +207,9 @@ class Collector:
                 self.errors.append(str(exc))
             return
         with self._lock:
+            if batch.health:  # a health report: the agent's own metrics, no samples
+                self.health.append(batch)
+                return
             self.raw.append(msg.payload)
             self.batches.append(batch)
             self.order.append((batch.boot, batch.first_seq, batch.last_seq))

@@ -1,5 +1,8 @@
 """Decoded batches to remote-write series: catalog names, device labels, and the node label.
 
+A health report (payload/health.py) becomes the agent's own series under the names of its page, with
+``node`` added (``_health``): one dashboard panel and one alert serve scraped and bridged nodes alike.
+
 Each value becomes a sample of the series ``<catalog name>{<device labels>, <constant labels>,
 <dynamic labels>, node="<node>"}`` at the sample's original timestamp, so that the cloud sees the same
 series the node's /metrics page shows, plus ``node``. Each device present in a sample also yields
@@ -30,6 +33,7 @@ from gpu_exporter.bridge.remote_write import Series, encode_labels
 from gpu_exporter.bridge.values import COUNTER_KEYS, Counters, drop_nonfinite
 from gpu_exporter.model import DeviceId, SeriesKey
 from gpu_exporter.payload.columns import ColumnBatch
+from gpu_exporter.payload.types import HealthValue
 
 __all__ = ["INFO_METRIC", "UP_METRIC", "Converted", "Converter"]
 
@@ -306,6 +310,9 @@ class Converter:
             node = batch.node
             times = batch.times_ms if keep is None else [batch.times_ms[i] for i in keep]
             n = len(times)
+            if batch.health:
+                pieces += self._health(node, batch.health, times, out)
+                continue
             if out.newest_ms is None or times[-1] > out.newest_ms:
                 out.newest_ms = max(times)
             metrics = tuple(batch.metrics)
@@ -390,6 +397,29 @@ class Converter:
                 out.series.append(Series((), ts_all, values, entry))
         return out
 
+    def _health(
+        self, node: str, values: tuple[HealthValue, ...], stamps: list[int], out: Converted
+    ) -> list[tuple[_Entry, list[int], list[float]]]:
+        """A health report's values as the agent's page names them, with the node label. Only the agent's
+        own names (``gpu_exporter_*``, ``process_*``) are written, never those the bridge serves about
+        nodes (``gpu_exporter_node_*``, ``gpu_exporter_bridge_*``): a publisher cannot write GPU series or
+        the bridge's view of it through a report. Empty label values are left out (Prometheus reads them as
+        absent); a label named like the node label drops the value."""
+        pieces = []
+        for name, pairs, value in values:
+            if not name.startswith(_HEALTH_PREFIXES) or name.startswith(_BRIDGE_PREFIXES):
+                _add(out.dropped, (node, "health_name"), 1)
+                continue
+            if any(k == self.node_label for k, _ in pairs):
+                _add(out.dropped, (node, "health_label"), 1)
+                continue
+            entry = _entry([("__name__", name), *((k, v) for k, v in pairs if v), (self.node_label, node)])
+            if not self.budget.admit(node, entry):
+                _add(out.limited, (node, self.budget.refused), 1)
+                continue
+            pieces.append((entry, stamps, [value]))
+        return pieces
+
     def _screen(
         self,
         batch: ColumnBatch,
@@ -442,6 +472,10 @@ class Converter:
     def knows(self, node: str) -> bool:
         """Whether ``node`` has active series (a name the bridge knows)."""
         return self.budget.knows(node)
+
+
+_HEALTH_PREFIXES = ("gpu_exporter_", "process_")
+_BRIDGE_PREFIXES = ("gpu_exporter_node_", "gpu_exporter_bridge_")
 
 
 def _add(counts: dict[tuple[str, str], int], key: tuple[str, str], n: int) -> None:

@@ -486,5 +486,7 @@ def _stream(batch: ColumnBatch) -> str:
     (a summary point carries the sequence number of its window's last sample, which the raw sample
     still has to bring), and for a part of a sample (payload/split.py) one per part: the other parts of
     the same sample are no replays of it."""
+    if batch.health:  # a health report's sequence numbers are its own (payload/health.py)
+        return batch.boot + "/health"
     stream = batch.boot + "/summary" if batch.summary_ms else batch.boot
     return f"{stream}/{batch.part}" if batch.part else stream

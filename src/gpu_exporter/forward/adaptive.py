@@ -359,6 +359,10 @@ class Adaptive:
         """Whether a summary waits to be published."""
         return bool(self._fresh or self._pending is not None or self.queue)
 
+    def fresh_waiting(self) -> bool:
+        """Whether a fresh summary (or a part of it) waits to be published: it goes before anything else."""
+        return bool(self._fresh or self._pending is not None)
+
     def can_send(self, link: Link, topic: str) -> bool:
         """Whether the next summary may go now (the pacing window has room for it): the forwarder polls
         the network without waiting only then."""
@@ -367,9 +371,13 @@ class Adaptive:
             return not link.fits(topic, len(data)) or self.meter.room(link.packet_size(topic, len(data)))
         return self._pending is not None and self.meter.room(self._pending[2] + _FRAMING)
 
-    def send(self, link: Link, topic: str, room: int, now: float) -> bool:
+    def send(
+        self, link: Link, topic: str, room: int, now: float, lead: Callable[[], bytes | None] | None = None
+    ) -> bool:
         """Publish summaries while ``room`` (in-flight slots less what is in flight), the pacing window and
-        the rate allow: the fresh one first, then the backlog's; False while some still wait."""
+        the rate allow: the fresh one first, then the backlog's; False while some still wait. ``lead``
+        gives a payload to go in a fresh summary's delivery, right behind it (the agent's health report,
+        health.py), which is then measured over both."""
         while link.up and len(self.inflight) < room:
             if not self._fresh and self._pending is not None:
                 point, span, size = self._pending
@@ -379,6 +387,9 @@ class Adaptive:
                 self._fresh.extend(
                     self._cut(Batch(self.node, self.boot, (point,), max(1, round(span * 1000))), link, topic)
                 )
+                report = lead() if lead is not None else None
+                if report is not None and link.fits(topic, len(report)):
+                    self._fresh.append(report)  # right behind the summary: it does not delay the summary
                 self._delivery = [now, 0, set(), not self.meter.inflight_bytes()]
                 continue
             source = self._fresh or self.queue

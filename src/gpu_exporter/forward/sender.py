@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.forward_metrics import ForwardMetrics
+from gpu_exporter.forward.health import HealthReports
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.prepare import OpenBatch
@@ -47,6 +48,7 @@ class Sender:
     spool: Spool
     meter: LinkMeter
     adaptive: Adaptive
+    reports: HealthReports
     metrics: ForwardMetrics
     _clock: Callable[[], float]
     _open: OpenBatch
@@ -85,11 +87,16 @@ class Sender:
         return payload_budget(self.topic, packet, self.link.v5) if packet else 0
 
     def _sendable(self) -> bool:
-        busy = len(self._inflight) + len(self.adaptive.inflight)
+        busy = len(self._inflight) + len(self.adaptive.inflight) + len(self.reports.inflight)
         if not self.link.up or busy >= self.link.capacity() or self._clock() < self._hold_until:
             return False
         if not self.meter.allowed(self._clock()) or self.meter.inflight_bytes() >= self.meter.window():
             return False  # --mqtt.max-rate, or the link holds what it can carry within the keepalive
+        report = self.reports.pending
+        if report is not None and not self.adaptive.fresh_waiting():
+            return not self.link.fits(self.topic, len(report)) or self.meter.room(
+                self.link.packet_size(self.topic, len(report))
+            )
         if self.adaptive.waiting():
             return self.adaptive.can_send(self.link, self.topic)
         if self.adaptive.active:
@@ -115,13 +122,24 @@ class Sender:
         inflight = self.spool.pinned  # keys of the batches in flight (the spool's caps pass over them)
         if now < self._hold_until:
             return  # the broker refused a batch: wait before trying again
-        if not self.adaptive.send(self.link, self.topic, self.link.capacity() - len(self._inflight), now):
+        # The agent's health goes first (health.py); with a fresh summary, right behind it in its delivery
+        # (adaptive.py), which then measures the link over both.
+        free = self.link.capacity() - self._busy()
+        if not self.adaptive.fresh_waiting() and not self.reports.send(self.link, self.topic, self.meter, now, free):
+            return
+        if not self.adaptive.send(
+            self.link,
+            self.topic,
+            self.link.capacity() - len(self._inflight) - len(self.reports.inflight),
+            now,
+            lead=self.reports.take,
+        ):
             return  # summaries go before anything else
         if self.adaptive.active:  # when the next summary is due
             until_next = self.adaptive.next_due(time.time())
         else:
             until_next = self._open.opened + self._span() - now
-        while self.link.up and len(self._inflight) + len(self.adaptive.inflight) < self.link.capacity():
+        while self.link.up and self._busy() < self.link.capacity():
             backlog = not self._live
             if backlog:
                 if self._tokens < 1:
@@ -173,6 +191,10 @@ class Sender:
             self._inflight[mid] = entry
             self.meter.sent(mid, packet, now)
             inflight.add(entry.key)
+
+    def _busy(self) -> int:
+        """Publishes awaiting their PUBACK: batches, summaries and health reports (within Receive Maximum)."""
+        return len(self._inflight) + len(self.adaptive.inflight) + len(self.reports.inflight)
 
     def _fits_broker(self, payload: int) -> bool:
         return publish_size(self.topic, payload, self.link.v5) <= self.link.max_packet
@@ -270,6 +292,27 @@ class Sender:
                 need,
             )
 
+    def _refusal(self, reason: str, what: str) -> None:
+        """The broker refused a publish. Not authorized, quota exceeded, topic invalid...: the same batch
+        at once would be refused again. Hold every publish for a while (doubling up to
+        --mqtt.reconnect-max-delay); one line a minute per reason."""
+        self.metrics.publish_errors.inc()
+        self.metrics.refused.inc()
+        now = self._clock()
+        if now >= self._hold_until:  # the rest of a refused window does not lengthen the wait again
+            self._refusals += 1
+            delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
+            self._hold_until = now + delay
+        self._live.clear()  # the backlog order sends the refused batch first again
+        if now - self._error_logged.get(reason, -math.inf) >= _LOG_EVERY:
+            self._error_logged[reason] = now
+            log.warning(
+                "broker refused %s: %s; retrying in %.1fs (then with backoff, batches kept in the spool)",
+                what,
+                reason,
+                self._hold_until - now,
+            )
+
     def _check_acks(self, now: float) -> None:
         """A broker that takes batches and never acknowledges them (PUBACK) would keep them in flight
         forever, the connection looking healthy. In flight is never more than the link carries within the
@@ -282,7 +325,7 @@ class Sender:
         waited = now - oldest
         if waited < ACK_TIMEOUT * self.link.settings.keepalive:
             return
-        count = len(self._inflight) + len(self.adaptive.inflight)
+        count = self._busy()
         self._stalled = (
             f"broker at {self.link.settings.host}:{self.link.settings.port} acknowledged none of {count} "
             f"batch(es) in flight for {waited:.0f}s (no PUBACK)"
@@ -298,9 +341,15 @@ class Sender:
 
     def _acked(self, mid: int, ok: bool, reason: str) -> None:
         # a packet whose pieces all came back quickly (a burst, or a fast link still in the young
-        # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure
-        self.meter.acked(mid, self._clock(), math.inf if self.link.ramp_quick() else self.link.status_rtt)
+        # connection's ramp) took the peer's delayed acknowledgements, not the link's time: no figure; nor
+        # does a health report alone on the link (a few hundred bytes: its round trip is the latency)
+        quick = self.link.ramp_quick() or mid in self.reports.inflight
+        self.meter.acked(mid, self._clock(), math.inf if quick else self.link.status_rtt)
         self._stalled = ""  # the broker answers
+        if self.reports.acked(mid):  # a health report: nothing in the spool; refused, it is not sent again
+            if not ok:
+                self._refusal(reason, "a health report")
+            return
         if self.adaptive.acked(mid, self._clock()):
             return  # a summary: nothing in the spool to remove (a refused one is not sent again)
         entry = self._inflight.pop(mid, None)
@@ -320,25 +369,7 @@ class Sender:
                     self._live.popleft()
         self.spool.pinned.discard(entry.key)
         if not ok:
-            self.metrics.publish_errors.inc()
-            self.metrics.refused.inc()
-            # Not authorized, quota exceeded, topic invalid...: the same batch at once would be refused
-            # again. Hold every publish for a while (doubling up to --mqtt.reconnect-max-delay).
-            now = self._clock()
-            if now >= self._hold_until:  # the rest of a refused window does not lengthen the wait again
-                self._refusals += 1
-                delay = min(self.config.mqtt_reconnect_max_delay, 1.0 * 2 ** min(self._refusals - 1, 10))
-                self._hold_until = now + delay
-            self._live.clear()  # the backlog order sends the refused batch first again
-            if now - self._error_logged.get(reason, -math.inf) >= _LOG_EVERY:
-                self._error_logged[reason] = now
-                log.warning(
-                    "broker refused batch %d-%d: %s; retrying in %.1fs (then with backoff, kept in the spool)",
-                    entry.first_seq,
-                    entry.last_seq,
-                    reason,
-                    self._hold_until - now,
-                )
+            self._refusal(reason, f"batch {entry.first_seq}-{entry.last_seq}")
             return
         self._refusals = 0
         self.spool.remove(entry)

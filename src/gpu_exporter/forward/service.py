@@ -21,7 +21,9 @@ working (for /readyz).
 
 On a link thinner than full resolution needs (measured from PUBACKs, or ``--mqtt.max-rate``), and for
 a long backlog after an outage, summaries go before everything else and full-resolution batches only
-as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links").
+as room allows (``adaptive.Adaptive``; docs/forwarding.md, "Weak links"). Each batch interval the
+agent's own metrics go first of all, as a health report (``health.HealthReports``), even while no
+sample comes.
 """
 
 from __future__ import annotations
@@ -40,6 +42,7 @@ from gpu_exporter import catalog
 from gpu_exporter.config import Config
 from gpu_exporter.forward.adaptive import Adaptive
 from gpu_exporter.forward.forward_metrics import ForwardMetrics
+from gpu_exporter.forward.health import HealthReports
 from gpu_exporter.forward.link_meter import LinkMeter
 from gpu_exporter.forward.mqtt import Link
 from gpu_exporter.forward.prepare import OpenBatch, has_event, round_values
@@ -98,6 +101,8 @@ class Forwarder(Sender):
         self.meter = LinkMeter(registry, config.mqtt_max_rate, settings.keepalive)
         # summaries first where the link is too thin for full resolution (adaptive.py)
         self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
+        # the agent's own metrics, to the cloud every batch interval (health.py)
+        self.reports = HealthReports(self.node, self.boot, registry, config.mqtt_value_digits)
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._last_seq = 0
@@ -219,6 +224,7 @@ class Forwarder(Sender):
         self.config = new
         self.meter.max_rate = new.mqtt_max_rate
         self.adaptive.interval = new.mqtt_batch_interval
+        self.reports.digits = new.mqtt_value_digits
         self._keys = catalog.kept_keys(new.metrics_include, new.metrics_exclude)
         if settings is not None:
             self.link.close(status=None)
@@ -246,6 +252,9 @@ class Forwarder(Sender):
         if now - self._housekept >= _HOUSEKEEPING:
             self._housekeeping(now)
         self._check_acks(now)
+        adaptive = self.adaptive
+        if self.link.up and self.reports.due(now, self.config.mqtt_batch_interval, adaptive.active, adaptive.emitted):
+            self.reports.make(now, adaptive.emitted)
         self.meter.tcp_rto = self.link.tcp_rto()
         self.link.pace_cap = self.meter.packet_cap()
         self.link.step(timeout=0.0 if self._sendable() else _TURN)
@@ -429,6 +438,7 @@ class Forwarder(Sender):
         self._tokens = 1.0
         self._tokens_at = self._clock()
         self.adaptive.backlog(self.spool.entries_view(), self.spool.get)  # a long backlog: summaries first
+        self.reports.make(self._clock(), self.adaptive.emitted)  # the agent's state at once, ahead of all
 
     def _down(self, message: str) -> None:
         self.metrics.connected.set(0)
@@ -444,6 +454,7 @@ class Forwarder(Sender):
         self._cutting.clear()
         self._parts_out.clear()
         self.adaptive.lost()
+        self.reports.lost()
         self.spool.pinned.clear()
         self._live.clear()
 

@@ -76,7 +76,7 @@ def _series_name(key: str, values: tuple[str, ...]) -> str:
 
 
 def lines(batch: Batch) -> Iterator[dict[str, Any]]:
-    """The JSON objects ``tail`` prints for one batch."""
+    """The JSON objects ``tail`` prints for one batch (none for a health report: it has no devices)."""
     for sample in batch.samples:
         when = datetime.fromtimestamp(sample.timestamp, timezone.utc).isoformat(timespec="milliseconds")
         for dev in sample.devices:

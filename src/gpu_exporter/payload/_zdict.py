@@ -1,8 +1,9 @@
 """The preset dictionaries of the payload's zlib framing (docs/payload.md): ``ZDICT`` for what the
 encoder writes (version 3), ``ZDICT_SUMMARY`` for summary batches (version 3 with ``summary_ms``: the
 ``<key>:<stat>`` list of an NVIDIA GPU's summary, which the plain dictionary does not hold and which
-costs a summary of 8 GPUs some 650 bytes without it), ``ZDICT_V2`` for batches of version 2 agents still
-to be read.
+costs a summary of 8 GPUs some 650 bytes without it), ``ZDICT_HEALTH`` for health reports (the
+agent's own metric names, payload/health.py), ``ZDICT_V2`` for batches of version 2 agents still to be
+read.
 
 Frozen with the payload version: a reader needs these exact bytes to inflate what the encoder wrote, so
 any edit is a new payload version. A zlib header names its dictionary by Adler-32, so a reader picks the
@@ -120,3 +121,46 @@ _SUMMARY_KEYS = (
     b's":'
 )
 ZDICT_SUMMARY = ZDICT + _SUMMARY_KEYS
+
+# The agent's own metrics a health report carries (payload/health.py), as the agent sends them: frozen with
+# ZDICT_HEALTH (a reader finds a dictionary by its Adler-32), whatever later agents send.
+_HEALTH_NAMES = (
+    "process_start_time_seconds",
+    "process_resident_memory_bytes",
+    "process_cpu_seconds_total",
+    "gpu_exporter_build_info",
+    "gpu_exporter_backend_healthy",
+    "gpu_exporter_collect_errors_total",
+    "gpu_exporter_collect_overruns_total",
+    "gpu_exporter_collects_total",
+    "gpu_exporter_collect_seconds_total",
+    "gpu_exporter_ring_overwritten_total",
+    "gpu_exporter_forward_connected",
+    "gpu_exporter_forward_working",
+    "gpu_exporter_forward_twin_suspected",
+    "gpu_exporter_forward_session_takeovers_total",
+    "gpu_exporter_forward_internal_errors_total",
+    "gpu_exporter_forward_publish_errors_total",
+    "gpu_exporter_forward_missed_samples_total",
+    "gpu_exporter_forward_spool_write_errors_total",
+    "gpu_exporter_forward_dropped_batches_total",
+    "gpu_exporter_forward_replay_backlog_batches",
+    "gpu_exporter_forward_summaries_window_seconds",
+    "gpu_exporter_forward_summarizing",
+    "gpu_exporter_forward_full_resolution_bytes_per_second",
+    "gpu_exporter_forward_link_bytes_per_second",
+    "gpu_exporter_forward_spool_oldest_age_seconds",
+    "gpu_exporter_forward_spool_bytes",
+    "gpu_exporter_forward_spool_batches",
+    "gpu_exporter_last_collect_success_timestamp_seconds",
+    "gpu_exporter_collect_duration_seconds",
+)
+ZDICT_HEALTH = (
+    b'{"format":"gpu-exporter.batch","version":3,"node":"","boot":"","first_seq":1,"last_seq":1,"seq":[1],'
+    b'"time_ms":[1764412800000],"metrics":[],"devices":[],"health":['
+    + b"".join(b'["%s",[],0],' % name.encode() for name in _HEALTH_NAMES)
+    + b'["gpu_exporter_build_info",["build_date","unknown","python_version","3.","revision","","version","0.'
+    b'"],1],"reason","max_bytes"],"reason","max_age"],"reason","corrupt"],"reason","disk_full"],"reason","too'
+    b'_large"],"evidence","reason"],"evidence","pattern"],"backend","nvidia"],"backend","amd"],"backend","jet'
+    b'son"],"backend","fake"],["backend","call","sampler","read"],'
+)

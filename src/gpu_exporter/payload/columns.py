@@ -28,7 +28,8 @@ from gpu_exporter.payload import document
 from gpu_exporter.payload.deltas import POWERS, Deltas
 from gpu_exporter.payload.document import read_column, read_device, read_header
 from gpu_exporter.payload.frame import INFLATE_FLOOR, INFLATE_RATIO, inflate_limit, parse_text, unframe
-from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, PayloadError
+from gpu_exporter.payload.health import read_health
+from gpu_exporter.payload.types import DEFAULT_MAX_BYTES, HAS_STEP, MAX_SCALE, SAFE_INT, HealthValue, PayloadError
 
 __all__ = ["INFLATE_FLOOR", "INFLATE_RATIO", "ColumnBatch", "ColumnDevice", "inflate_limit", "read"]
 
@@ -63,6 +64,7 @@ class ColumnBatch:
     summary_ms: int = 0  # a summary batch (forward/summary.py): min/max/mean/last per window of this many ms
     text_bytes: int = 0  # size of the JSON text it was read from: what decoding it cost in memory, roughly
     part: str = ""  # some devices or series of its samples only (payload/split.py): the part's name
+    health: tuple[HealthValue, ...] = ()  # a health report (payload/health.py): the agent's own metrics
 
 
 def read(data: bytes, max_bytes: int = DEFAULT_MAX_BYTES) -> ColumnBatch:
@@ -114,7 +116,8 @@ def from_document(doc: Any, bools: bool = True) -> ColumnBatch:
                 if flag is None and any(col is not None and col[i] is not None for col in decoded):
                     raise PayloadError(f"{where} has values in sample {seqs[i]} where it is absent (up null)")
         devices.append(ColumnDevice(device, dict(info), up, decoded, gaps, nonfinite, rising))
-    batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms, part=header.part)
+    health = read_health(doc)
+    batch = ColumnBatch(node, boot, seqs, times, metrics, devices, header.summary_ms, part=header.part, health=health)
     _check_encodable(batch)
     return batch
 

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
+from gpu_exporter.payload.health import read_health
 from gpu_exporter.payload.types import (
     FORMAT,
     HAS_STEP,
@@ -36,7 +37,7 @@ _SPECIAL = {"NaN": math.nan, "+Inf": math.inf, "-Inf": -math.inf}
 _REQUIRED_TOP_KEYS = frozenset(
     ("format", "version", "node", "boot", "first_seq", "last_seq", "seq", "time_ms", "metrics", "devices")
 )
-_TOP_KEYS = _REQUIRED_TOP_KEYS | {"summary_ms", "part"}
+_TOP_KEYS = _REQUIRED_TOP_KEYS | {"summary_ms", "part", "health"}
 _DEVICE_KEYS = frozenset(("id", "info", "up", "columns"))
 
 
@@ -65,7 +66,8 @@ def from_document(doc: Any) -> Batch:
             per_sample[i].append(DeviceSample(device, bool(up[i]), values, dict(info)))
 
     samples = tuple(Sample(seq=seqs[i], timestamp=times[i] / 1000, devices=tuple(per_sample[i])) for i in range(n))
-    return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms, part=header.part)
+    health = read_health(doc)
+    return Batch(node=node, boot=boot, samples=samples, summary_ms=header.summary_ms, part=header.part, health=health)
 
 
 def read_header(doc: Any) -> Header:

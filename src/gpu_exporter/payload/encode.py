@@ -12,7 +12,8 @@ from typing import Any
 
 from gpu_exporter.model import DeviceId, SeriesKey
 from gpu_exporter.payload import types as fmt
-from gpu_exporter.payload._zdict import ZDICT, ZDICT_SUMMARY
+from gpu_exporter.payload._zdict import ZDICT, ZDICT_HEALTH, ZDICT_SUMMARY
+from gpu_exporter.payload.health import check_report, health_document
 from gpu_exporter.payload.types import Batch
 
 __all__ = ["encode", "to_document"]
@@ -28,7 +29,7 @@ def encode(batch: Batch, compress: bool = True, level: int = 9) -> bytes:
     text = json.dumps(doc, separators=(",", ":"), ensure_ascii=False, allow_nan=False).encode("utf-8")
     if not compress:
         return text
-    zdict = ZDICT_SUMMARY if batch.summary_ms else ZDICT
+    zdict = ZDICT_HEALTH if batch.health else ZDICT_SUMMARY if batch.summary_ms else ZDICT
     deflater = zlib.compressobj(level, zlib.DEFLATED, zlib.MAX_WBITS, 9, zlib.Z_DEFAULT_STRATEGY, zdict)
     return deflater.compress(text) + deflater.flush()
 
@@ -50,6 +51,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
         raise ValueError(f"summary window of {batch.summary_ms} ms is out of range")
     if batch.part and not fmt.PART.match(batch.part):
         raise ValueError(f"part name {batch.part!r} is not 16 lowercase hex digits")
+    if batch.health:
+        check_report(batch)
     key_re = fmt.SUMMARY_KEY if batch.summary_ms else fmt.KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
@@ -109,6 +112,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
         doc["summary_ms"] = batch.summary_ms
     if batch.part:
         doc["part"] = batch.part
+    if batch.health:
+        doc["health"] = health_document(batch)
     return doc
 
 

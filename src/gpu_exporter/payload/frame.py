@@ -7,11 +7,11 @@ import json
 import zlib
 from typing import Any
 
-from gpu_exporter.payload._zdict import ZDICT, ZDICT_SUMMARY, ZDICT_V2
+from gpu_exporter.payload._zdict import ZDICT, ZDICT_HEALTH, ZDICT_SUMMARY, ZDICT_V2
 from gpu_exporter.payload.types import GZIP_MAGIC, PayloadError
 
 _ZDICTS = {
-    zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_SUMMARY, ZDICT_V2)
+    zlib.adler32(d).to_bytes(4, "big"): d for d in (ZDICT, ZDICT_SUMMARY, ZDICT_V2, ZDICT_HEALTH)
 }  # by the id a zlib header names
 
 

@@ -19,6 +19,7 @@ __all__ = [
     "VERSIONS",
     "Batch",
     "Header",
+    "HealthValue",
     "PayloadError",
     "Point",
 ]
@@ -37,10 +38,24 @@ PART = re.compile(r"^[0-9a-f]{16}$")  # a part's name (payload/split.py): 8 byte
 MAX_TEXT = 1024  # longest label value, node name, boot id, info value we accept
 ID_FIELDS = ("gpu", "uuid", "gpu_instance", "compute_instance", "mig_profile", "parent_uuid")
 HAS_STEP = 20  # added to a delta array's form when a step follows it
+# A health report (payload/health.py): the agent's own metrics, as on its page
+METRIC_NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
+LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+MAX_HEALTH = 1024  # values in one health report
+MAX_HEALTH_LABELS = 32  # labels of one of its values
 
 
 class PayloadError(ValueError):
     """A payload that is not a valid batch; the message is one line."""
+
+
+class HealthValue(NamedTuple):
+    """One value of a health report: a metric of the agent's own page, by its name there (a counter's with
+    ``_total``), its labels, and its value."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...]
+    value: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +72,9 @@ class Batch:
     samples: tuple[Sample, ...]
     summary_ms: int = 0  # a summary batch (forward/summary.py): its window in ms; 0 for full resolution
     part: str = ""  # some devices (or series) of its samples only (payload/split.py): its name; "" for all
+    # a health report (payload/health.py): the agent's own metrics; its one sample has no devices and the
+    # report's own sequence number
+    health: tuple[HealthValue, ...] = ()
 
     @property
     def first_seq(self) -> int:
