@@ -122,8 +122,8 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "forwarder-refusal-as-ack",
             "src/gpu_exporter/forward/sender.py",
-            "        if not ok:\n            self.metrics.publish_errors.inc()\n",
-            "        if False:\n            self.metrics.publish_errors.inc()\n",
+            '        if not ok:\n            self._refusal(reason, f"batch {entry.first_seq}-{entry.last_seq}")\n',
+            '        if False:\n            self._refusal(reason, f"batch {entry.first_seq}-{entry.last_seq}")\n',
             ("tests/integration/test_forward_paths.py",),
             "a batch the broker refused is deleted from the spool as if acknowledged",
         ),

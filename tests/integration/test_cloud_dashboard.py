@@ -56,6 +56,7 @@ SELECTOR_EXCEPTIONS = {
     "gpu_exporter_bridge_twin_batches_total": "counted per node only once two agents shared its name",
     "gpu_exporter_bridge_new_nodes_refused_total": "the bridge's own counter: it has no node label",
     "gpu_exporter_bridge_samples_rejected_total": "the bridge's own counter: it has no node label",
+    "gpu_exporter_bridge_held_back_oldest_seconds": "the bridge's own gauge: it has no node label",
 }
 _KEYWORDS = {"and", "or", "unless", "by", "without", "on", "ignoring", "offset", "bool", "group_left", "group_right"}
 _AGGREGATIONS = {"sum", "min", "max", "avg", "count", "group", "stddev", "stdvar", "topk", "bottomk", "quantile"}
