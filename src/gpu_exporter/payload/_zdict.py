@@ -125,6 +125,9 @@ ZDICT_SUMMARY = ZDICT + _SUMMARY_KEYS
 # The agent's own metrics a health report carries (payload/health.py), as the agent sends them: frozen with
 # ZDICT_HEALTH (a reader finds a dictionary by its Adler-32), whatever later agents send.
 _HEALTH_NAMES = (
+    "gpu_exporter_host_reads_stuck",
+    "gpu_exporter_host_read_failures_total",
+    "gpu_exporter_sampler_stale",
     "process_start_time_seconds",
     "process_resident_memory_bytes",
     "process_cpu_seconds_total",
@@ -162,5 +165,6 @@ ZDICT_HEALTH = (
     + b'["gpu_exporter_build_info",["build_date","unknown","python_version","3.","revision","","version","0.'
     b'"],1],"reason","max_bytes"],"reason","max_age"],"reason","corrupt"],"reason","disk_full"],"reason","too'
     b'_large"],"evidence","reason"],"evidence","pattern"],"backend","nvidia"],"backend","amd"],"backend","jet'
-    b'son"],"backend","fake"],["backend","call","sampler","read"],'
+    b'son"],"backend","fake"],["reason","not_regular"],["reason","timeout"],["reason","stuck"],["reason","bu'
+    b'sy"],["backend","call","sampler","read"],'
 )
