@@ -90,7 +90,7 @@ class Session:
             "MQTT broker %s does not speak MQTT 5: it refused the connection with Unsupported protocol version, "
             "as an MQTT 3.1.1-only broker does. The bridge needs MQTT 5 (session expiry, Receive Maximum, "
             "Maximum Packet Size; shared subscriptions for --bridge.group): point --mqtt.url at an MQTT 5 "
-            "broker (docs/bridge.md, \"Brokers\"); retrying",
+            'broker (docs/bridge.md, "Brokers"); retrying',
             self.where,
         )
         return True
