@@ -24,6 +24,10 @@ Scenarios (--scenario):
            onto a running bridge. Its new names are admitted by the bridge's burst; the table's notes
            give the names admitted, batches held back and dropped by admission.
 
+--tsdb sharded writes through vmagent into two VictoriaMetrics shards split by node (bench/fleet_shards.py)
+instead of one VictoriaMetrics; the count check reads every shard (a sample in two is a duplicate), and
+the notes give each shard's nodes and samples and vmagent's CPU.
+
 The default run (steady, 100/1,000/5,000 nodes, 1,600 GPU-samples/s offered at every size, a warm-up
 of one batch interval but at most 150 s, then 60 s measured) takes about 15 minutes on an idle 2-core
 machine; --duration, --warmup and --runs make it longer. A 5,000-node fleet at 1,600 GPU-samples/s
@@ -38,6 +42,7 @@ bench/fleet_profile.py reads the py-spy profiles --profile records.
         [--duration 60] [--warmup S] [--runs 1] [--scenario steady|share|kill|backlog]
         [--bridge-src base=/tmp/base/src --bridge-src 'new=src;--bridge.write-linger=1s']
         [--bridge-arg=--bridge.series-cache=3000000 ...] [--profile DIR [--profile-mode cpu|wall]]
+        [--tsdb single|sharded]
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from pathlib import Path
 import fleet_procs as procs
 from fleet_nodes import Acked, Fleet, FleetSettings, Node, raise_nofile
 from fleet_payloads import Templates
+from fleet_shards import Sharded, split_note
 from gpu_exporter.bridge.cli import tune_gc
 
 GPUS = 8
@@ -73,7 +79,7 @@ class Prober:
     """Publish-to-queryable lag of the batches of a few probe nodes: after the broker's PUBACK, their
     newest sample is looked for in VictoriaMetrics (raw export, every 0.25 s) until it is there."""
 
-    def __init__(self, vm: procs.Victoria, probe_nodes: set[int]) -> None:
+    def __init__(self, vm: procs.Victoria | Sharded, probe_nodes: set[int]) -> None:
         self.vm = vm
         self.nodes = probe_nodes
         self.outstanding: list[tuple[str, int, float]] = []  # (node, newest sample ms, sent)
@@ -151,11 +157,15 @@ class Result:
 class Stack:
     """Mosquitto, VictoriaMetrics and the bridges of one run; everything stopped by PID on exit."""
 
-    def __init__(self, workdir: Path, bridges: int, group: str, bridge_args: list[str], src: Path) -> None:
+    def __init__(
+        self, workdir: Path, bridges: int, group: str, bridge_args: list[str], src: Path, tsdb: str = "single"
+    ) -> None:
         self.workdir = workdir
         self.src = src
         self.broker = procs.Mosquitto(workdir)
-        self.vm = procs.Victoria(workdir)
+        self.vm: procs.Victoria | Sharded = procs.Victoria(workdir) if tsdb == "single" else Sharded(workdir / "tsdb")
+        # names of the TSDB's processes in the sampler: the one VictoriaMetrics, or the shards and vmagent
+        self.tsdb_names: list[str] = []
         self.sampler = procs.ProcSampler()
         self.bridge_args = bridge_args
         self.group = group
@@ -178,7 +188,10 @@ class Stack:
             self.broker.start()
             self.vm.start()
             self.sampler.watch("mosquitto", self.broker.pid)
-            self.sampler.watch("victoria", self.vm.pid)
+            tsdb = self.vm.watched() if isinstance(self.vm, Sharded) else [("victoria", self.vm.pid)]
+            for name, pid in tsdb:
+                self.sampler.watch(name, pid)
+            self.tsdb_names = [name for name, _ in tsdb]
             self.sampler.watch("bench", os.getpid())
             for i in range(len(self.bridges)):
                 self.start_bridge(i)
@@ -218,7 +231,7 @@ def _sum(ms: list[dict[str, float]], name: str) -> float:
     return sum(m.get(name, 0.0) for m in ms)
 
 
-def count_check(vm: procs.Victoria, fleet: Fleet) -> tuple[int, int, int, int]:
+def count_check(vm: procs.Victoria | Sharded, fleet: Fleet) -> tuple[int, int, int, int]:
     """(samples lost, samples duplicated, nodes with a loss, nodes with a duplicate): per node, the
     timestamps of gpu_up{gpu="0"} in the TSDB against every batch the broker acknowledged."""
     expected: dict[str, list[int]] = {}
@@ -287,7 +300,8 @@ async def steady(
     group = "fleet" if bridges > 1 or scenario != "steady" else ""
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, offered)
-    with Stack(workdir, bridges, group, fleet_args(nodes) + args.bridge_arg + variant[2], variant[1]) as stack:
+    bridge_args = fleet_args(nodes) + args.bridge_arg + variant[2]
+    with Stack(workdir, bridges, group, bridge_args, variant[1], args.tsdb) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         if scenario == "rollout":  # onto a running bridge, its fleet's introduction over
             await asyncio.sleep(args.settle)
@@ -332,6 +346,9 @@ async def steady(
         prober.stop()
         res.rows_stored = stack.vm.metric("vm_rows_inserted_total")
         res.lost, res.duplicated, res.nodes_lost, res.nodes_dup = count_check(stack.vm, fleet)
+        if isinstance(stack.vm, Sharded):
+            first = min((t for n in fleet.nodes for a in n.acked for t in a.message.times_ms), default=0)
+            res.extra["shards"] = split_note(stack.vm, first - 1000)
         await fleet.close()
         if scenario == "rollout":
             end = await asyncio.to_thread(stack.bridge_metrics)
@@ -356,12 +373,17 @@ async def steady(
             m0, "gpu_exporter_bridge_messages_received_total"
         )
         if scenario != "kill" and rows and msgs:  # what the broker and the TSDB cost, for sizing them
-            vm_cpu = stack.sampler.cpu_between("victoria", t0, t1)
+            vm_cpu = sum(stack.sampler.cpu_between(n, t0, t1) for n in stack.tsdb_names if n != "vmagent")
             mq_cpu = stack.sampler.cpu_between("mosquitto", t0, t1)
             res.extra["TSDB and broker CPU"] = (
                 f"VictoriaMetrics {vm_cpu / rows * 1e6:.2f} CPU-s per million samples written; Mosquitto "
                 f"{mq_cpu / msgs * 1e3:.2f} CPU-s per 1,000 batch messages (with {nodes:,} connections)"
             )
+            if "vmagent" in stack.tsdb_names:
+                agent_cpu = stack.sampler.cpu_between("vmagent", t0, t1)
+                res.extra["TSDB and broker CPU"] += (
+                    f"; vmagent {agent_cpu / rows * 1e6:.2f} CPU-s per million samples (VictoriaMetrics: both shards)"
+                )
         if scenario != "kill":
             res.per_cpu = written / cpu if cpu else 0.0
             res.writes = _sum(m1, "gpu_exporter_bridge_write_requests_total") - _sum(
@@ -390,7 +412,7 @@ async def steady(
         lags = [lag for sent, lag in prober.lags]
         res.lag_p50, res.lag_p99, res.lag_n = quantile(lags, 0.5), quantile(lags, 0.99), len(lags)
         res.busy = procs.machine_busy(stack.sampler.busy, t0, t1)
-        ours = sum(stack.sampler.cpu_between(n, t0, t1) for n in ("mosquitto", "victoria", "bench")) + cpu
+        ours = sum(stack.sampler.cpu_between(n, t0, t1) for n in ("mosquitto", "bench", *stack.tsdb_names)) + cpu
         res.ours = ours / (t1 - t0) / _cores()
         if killed_at is not None:
             res.extra["killed"] = (
@@ -406,7 +428,7 @@ async def backlog(
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, 0.0)
     bridge_args = fleet_args(nodes) + args.bridge_arg + variant[2]
-    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", bridge_args, variant[1]) as stack:
+    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", bridge_args, variant[1], args.tsdb) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         fleet = Fleet(settings, templates)
         fleet.start()
@@ -585,6 +607,12 @@ def main() -> int:
         help="LABEL=DIR[;--option=value...]: run the bridge from DIR (e.g. `git archive` of another commit's src/); repeatable, "
         "runs interleaved, ratios against the first (default: this tree's src/)",
     )
+    parser.add_argument(
+        "--tsdb",
+        choices=("single", "sharded"),
+        default="single",
+        help="single: one VictoriaMetrics; sharded: vmagent splitting by node across two (bench/fleet_shards.py)",
+    )
     parser.add_argument("--probes", type=int, default=40, help="lag probe nodes (default %(default)s)")
     parser.add_argument("--restart-after", type=float, default=5.0, help="kill: seconds before the restart")
     parser.add_argument(
@@ -636,10 +664,11 @@ def main() -> int:
                 )
         results += [median_result(v) for v in runs.values()]
     extra = "default options and the fleet's --bridge.max-series" + "".join(f" {a}" for a in args.bridge_arg)
+    target = "VictoriaMetrics" if args.tsdb == "single" else "vmagent -> two VictoriaMetrics shards by node"
     print_table(
         results,
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "
-        f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> VictoriaMetrics (no dedup); "
+        f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> {target} (no dedup); "
         f"real time, {args.duration:g} s measured after a warm-up, median of {args.runs} run(s); "
         f"load average {before} before, {loadavg()} after, {_cores()} cores",
     )
