@@ -16,7 +16,9 @@ bridge tells it from what the broker says, as the agent does (``forward/twins.py
   between them: likely (a network that drops connections usually fails some attempts too).
 
 Each is counted in ``gpu_exporter_bridge_session_takeovers_total{evidence}`` and logged (at most a line
-a minute) with the client id. Thread-safe.
+a minute) with the client id. A CONNACK that refuses the connection stays the reason /readyz gives (the
+disconnect paho reports after it is not another one); a broker without MQTT 5, which the bridge cannot
+work with, is named as such. Thread-safe.
 """
 
 from __future__ import annotations
