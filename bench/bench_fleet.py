@@ -50,20 +50,19 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import fleet_procs as procs
-from fleet_nodes import Acked, Fleet, FleetSettings, Node, raise_nofile
+from fleet_checks import Prober, count_check
+from fleet_nodes import Fleet, FleetSettings, raise_nofile
 from fleet_payloads import Templates
+from fleet_profile import start_profilers
+from fleet_report import Result, cores, loadavg, median_result, print_table, quantile
 from fleet_shards import Sharded, split_note
 from gpu_exporter.bridge.cli import tune_gc
 
@@ -75,83 +74,7 @@ AGENT_INTERVAL = 120.0
 # ------------------------------------------------------------------------------------------ lag probes
 
 
-class Prober:
-    """Publish-to-queryable lag of the batches of a few probe nodes: after the broker's PUBACK, their
-    newest sample is looked for in VictoriaMetrics (raw export, every 0.25 s) until it is there."""
-
-    def __init__(self, vm: procs.Victoria | Sharded, probe_nodes: set[int]) -> None:
-        self.vm = vm
-        self.nodes = probe_nodes
-        self.outstanding: list[tuple[str, int, float]] = []  # (node, newest sample ms, sent)
-        self.lags: list[tuple[float, float]] = []  # (sent, lag)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
-        self._thread.start()
-
-    def acked(self, node: Node, record: Acked) -> None:
-        if node.index in self.nodes:
-            with self._lock:
-                self.outstanding.append((node.name, record.message.times_ms[-1], record.sent))
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            with self._lock:
-                todo = list(self.outstanding)
-            if not todo:
-                continue
-            names = "|".join(sorted({n for n, _, _ in todo}))
-            try:
-                seen = {
-                    (labels.get("node", ""), ts)
-                    for labels, stamps in self.vm.export(
-                        f'gpu_up{{gpu="0",node=~"{names}"}}', min(t for _, t, _ in todo) - 1
-                    )
-                    for ts in stamps
-                }
-            except OSError:
-                continue
-            now = time.time()
-            done = [p for p in todo if (p[0], p[1]) in seen]
-            with self._lock:
-                for p in done:
-                    self.outstanding.remove(p)
-                    self.lags.append((p[2], now - p[2]))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 # ------------------------------------------------------------------------------------------------ runs
-
-
-@dataclass
-class Result:
-    label: str
-    nodes: int
-    bridges: int
-    offered: float  # GPU-samples/s
-    per_cpu: float = 0.0  # GPU-samples per bridge CPU-second, in the window
-    rss_steady: float = 0.0  # MB, median over the window, largest bridge
-    rss_peak: float = 0.0  # MB, VmHWM, largest bridge
-    lag_p50: float = float("nan")
-    lag_p99: float = float("nan")
-    lag_n: int = 0
-    writes: float = 0.0  # remote-write requests in the window
-    messages: float = 0.0  # messages the bridges received in the window
-    lost: int = 0
-    duplicated: int = 0
-    nodes_lost: int = 0
-    nodes_dup: int = 0
-    rows_expected: int = 0
-    rows_stored: float = 0.0
-    busy: float = 0.0  # machine CPU busy, fraction of all cores, in the window
-    ours: float = 0.0  # of which: this bench's processes (publisher, Mosquitto, VictoriaMetrics, bridges)
-    first_share: float = 0.0  # messages in the window from nodes not heard before it
-    shares: list[float] = field(default_factory=list)
-    extra: dict[str, str] = field(default_factory=dict)
-    runs: list[float] = field(default_factory=list)  # GPU-samples per CPU-s of every run, when several
 
 
 class Stack:
@@ -231,36 +154,6 @@ def _sum(ms: list[dict[str, float]], name: str) -> float:
     return sum(m.get(name, 0.0) for m in ms)
 
 
-def count_check(vm: procs.Victoria | Sharded, fleet: Fleet) -> tuple[int, int, int, int]:
-    """(samples lost, samples duplicated, nodes with a loss, nodes with a duplicate): per node, the
-    timestamps of gpu_up{gpu="0"} in the TSDB against every batch the broker acknowledged."""
-    expected: dict[str, list[int]] = {}
-    for n in fleet.nodes:
-        expected[n.name] = [t for a in n.acked for t in a.message.times_ms]
-    start = min((min(v) for v in expected.values() if v), default=0) - 1000
-    stored: dict[str, Counter[int]] = {}
-    for labels, stamps in vm.export('gpu_up{gpu="0"}', start):
-        stored.setdefault(labels.get("node", ""), Counter()).update(stamps)
-    lost = dup = nodes_lost = nodes_dup = 0
-    for name, times in expected.items():
-        have = stored.get(name, Counter())
-        want = Counter(times)
-        node_lost = sum(max(0, n - have[t]) for t, n in want.items())
-        node_dup = sum(max(0, n - want[t]) for t, n in have.items())
-        lost += node_lost
-        dup += node_dup
-        nodes_lost += node_lost > 0
-        nodes_dup += node_dup > 0
-    return lost, dup, nodes_lost, nodes_dup
-
-
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
-
-
 async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> bool:
     """Until VictoriaMetrics took ``rows_target`` rows and the live bridges' queues are empty, or the
     rows stopped growing for 20 s with empty queues (something was lost), or ``timeout``."""
@@ -318,7 +211,7 @@ async def steady(
         published_before = fleet.published
         t0 = time.monotonic()
         m0 = await asyncio.to_thread(stack.bridge_metrics)
-        profilers = start_profilers(args, stack, nodes)
+        profilers = start_profilers(args, [b.pid for b in stack.bridges], nodes)
         killed_at = None
         if scenario == "kill":
             await asyncio.sleep(args.duration / 2)
@@ -413,7 +306,7 @@ async def steady(
         res.lag_p50, res.lag_p99, res.lag_n = quantile(lags, 0.5), quantile(lags, 0.99), len(lags)
         res.busy = procs.machine_busy(stack.sampler.busy, t0, t1)
         ours = sum(stack.sampler.cpu_between(n, t0, t1) for n in ("mosquitto", "bench", *stack.tsdb_names)) + cpu
-        res.ours = ours / (t1 - t0) / _cores()
+        res.ours = ours / (t1 - t0) / cores()
         if killed_at is not None:
             res.extra["killed"] = (
                 f"bridge-0 SIGKILLed {killed_at:.0f} s into the window, restarted {args.restart_after:g} s later"
@@ -481,93 +374,6 @@ async def backlog(
         res.busy = procs.machine_busy(stack.sampler.busy, t0, t1)
         del written
     return res
-
-
-def start_profilers(args: argparse.Namespace, stack: Stack, nodes: int) -> list[subprocess.Popen[bytes]]:
-    """py-spy on each bridge over the measured window (raw collapsed stacks)."""
-    if not args.profile:
-        return []
-    if shutil.which("py-spy") is None:
-        raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    out = Path(args.profile)
-    out.mkdir(parents=True, exist_ok=True)
-    found = []
-    for i, b in enumerate(stack.bridges):
-        path = out / f"bridge-{nodes}-nodes-{i}-{args.profile_mode}.txt"
-        found.append(
-            subprocess.Popen(
-                [
-                    "py-spy",
-                    "record",
-                    "--nonblocking",
-                    "--gil" if args.profile_mode == "cpu" else "--idle",
-                    "--threads",
-                    "-r",
-                    "50",
-                    "-f",
-                    "raw",
-                    "-d",
-                    str(int(args.duration)),
-                    "-p",
-                    str(b.pid),
-                    "-o",
-                    str(path),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    return found
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
-
-
-def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
-# --------------------------------------------------------------------------------------------- output
-
-
-def print_table(results: list[Result], header: str) -> None:
-    print(header)
-    print(
-        "| bridge | nodes | bridges | offered GPU-samples/s | GPU-samples per bridge CPU-s (vs first) "
-        "| bridge RSS steady / peak MB | lag p50 / p99 s (probes) | remote writes (messages) "
-        "| lost / duplicated (nodes) | machine busy (ours) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    first: dict[int, float] = {}
-    for r in results:
-        base = first.setdefault(r.nodes, r.per_cpu)
-        print(
-            f"| {r.label} | {r.nodes:,} | {r.bridges} | {r.offered:,.0f} | {r.per_cpu:,.0f} "
-            f"({r.per_cpu / base if base else 0:.2f}x) | {r.rss_steady:.0f} / {r.rss_peak:.0f} "
-            f"| {r.lag_p50:.1f} / {r.lag_p99:.1f} ({r.lag_n}) | {r.writes:,.0f} ({r.messages:,.0f}) "
-            f"| {r.lost} / {r.duplicated} ({r.nodes_lost} / {r.nodes_dup}) | {r.busy:.0%} ({r.ours:.0%}) |"
-        )
-        notes = [f"{k}: {v}" for k, v in r.extra.items()]
-        if r.shares:
-            notes.append("share of samples written per bridge: " + " / ".join(f"{s:.1%}" for s in r.shares))
-        if r.first_share:
-            notes.append(f"{r.first_share:.0%} of the window's batches were a node's first")
-        if r.rows_expected:
-            notes.append(f"rows stored {r.rows_stored:,.0f} of {r.rows_expected:,} published")
-        if r.runs:
-            notes.append("runs (GPU-samples per bridge CPU-s): " + ", ".join(f"{x:,.0f}" for x in r.runs))
-        for n in notes:
-            print(f"    {n}")
-
-
-def median_result(runs: list[Result]) -> Result:
-    """The run with the median GPU-samples per CPU-second (its other figures as measured)."""
-    best = sorted(runs, key=lambda r: r.per_cpu)[len(runs) // 2]
-    if len(runs) > 1:
-        best.runs = [r.per_cpu for r in runs]
-    return best
 
 
 def variants(specs: list[str]) -> list[tuple[str, Path, list[str]]]:
@@ -670,7 +476,7 @@ def main() -> int:
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "
         f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> {target} (no dedup); "
         f"real time, {args.duration:g} s measured after a warm-up, median of {args.runs} run(s); "
-        f"load average {before} before, {loadavg()} after, {_cores()} cores",
+        f"load average {before} before, {loadavg()} after, {cores()} cores",
     )
     return 0
 

@@ -11,6 +11,9 @@ most samples of their own (leaf frames) in the writer thread.
 
 from __future__ import annotations
 
+import argparse
+import shutil
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -70,6 +73,44 @@ def analyse(path: Path) -> str:
         for frame, n in leaves.most_common(12):
             out.append(f"    {n / busy:6.1%}  {frame}")
     return "\n".join(out)
+
+
+def start_profilers(args: argparse.Namespace, pids: list[int], nodes: int) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each bridge (``pids``) over the measured window (raw collapsed stacks), as
+    ``bench_fleet.py --profile DIR`` asks."""
+    if not args.profile:
+        return []
+    if shutil.which("py-spy") is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    found = []
+    for i, pid in enumerate(pids):
+        path = out / f"bridge-{nodes}-nodes-{i}-{args.profile_mode}.txt"
+        found.append(
+            subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--nonblocking",
+                    "--gil" if args.profile_mode == "cpu" else "--idle",
+                    "--threads",
+                    "-r",
+                    "50",
+                    "-f",
+                    "raw",
+                    "-d",
+                    str(int(args.duration)),
+                    "-p",
+                    str(pid),
+                    "-o",
+                    str(path),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    return found
 
 
 def main() -> int:

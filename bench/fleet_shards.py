@@ -62,7 +62,7 @@ class Vmagent(_Server):
             if self.proc is not None and self.proc.poll() is not None:
                 raise RuntimeError(f"vmagent exited with {self.proc.returncode}: see {self.log}")
             with socket.create_connection(("127.0.0.1", self.port), timeout=0.5):
-                return urllib.request.urlopen(self.url + "/health", timeout=1).read().strip() == b"OK"
+                return bool(urllib.request.urlopen(self.url + "/health", timeout=1).read().strip() == b"OK")
 
         _wait(up, 60, "vmagent")
 

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import Exporter, paths
+from tests.support import Exporter, paths, wait_until
 from tests.support.bridge_helpers import BridgeProcess
 from tests.support.mosquitto import Collector
-from tests.support.tsdb import MosquittoServer, wait_until
+from tests.support.tsdb import MosquittoServer
 
 sys.path.insert(0, str(paths.ROOT / "bench"))
 from fleet_shards import Sharded
