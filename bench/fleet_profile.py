@@ -1,4 +1,5 @@
-"""Where a bridge's time goes, from py-spy's raw profiles (``bench_fleet.py --profile DIR``).
+"""Where a bridge's time goes, from py-spy's raw profiles (``bench_fleet.py --profile DIR`` records them
+with ``start_profilers``).
 
 py-spy records every thread, idle ones included (``--idle``), 50 times a second. Each stack is put in
 the first stage whose frame it contains, so the stages of a thread add up to its samples: what the
