@@ -24,6 +24,10 @@ Scenarios (--scenario):
            onto a running bridge. Its new names are admitted by the bridge's burst; the table's notes
            give the names admitted, batches held back and dropped by admission.
 
+--tsdb sharded writes through vmagent into two VictoriaMetrics shards split by node (bench/fleet_shards.py)
+instead of one VictoriaMetrics; the count check reads every shard (a sample in two is a duplicate), and
+the notes give each shard's nodes and samples and vmagent's CPU.
+
 The default run (steady, 100/1,000/5,000 nodes, 1,600 GPU-samples/s offered at every size, a warm-up
 of one batch interval but at most 150 s, then 60 s measured) takes about 15 minutes on an idle 2-core
 machine; --duration, --warmup and --runs make it longer. A 5,000-node fleet at 1,600 GPU-samples/s
@@ -38,6 +42,7 @@ bench/fleet_profile.py reads the py-spy profiles --profile records.
         [--duration 60] [--warmup S] [--runs 1] [--scenario steady|share|kill|backlog]
         [--bridge-src base=/tmp/base/src --bridge-src 'new=src;--bridge.write-linger=1s']
         [--bridge-arg=--bridge.series-cache=3000000 ...] [--profile DIR [--profile-mode cpu|wall]]
+        [--tsdb single|sharded]
 """
 
 from __future__ import annotations
@@ -45,20 +50,20 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import shutil
 import statistics
-import subprocess
 import sys
 import tempfile
-import threading
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import fleet_procs as procs
-from fleet_nodes import Acked, Fleet, FleetSettings, Node, raise_nofile
+from fleet_checks import Prober, count_check
+from fleet_nodes import Fleet, FleetSettings, raise_nofile
 from fleet_payloads import Templates
+from fleet_profile import start_profilers
+from fleet_report import Result, cores, loadavg, median_result, print_table, quantile
+from fleet_shards import Sharded, split_note
 from gpu_exporter.bridge.cli import tune_gc
 
 GPUS = 8
@@ -69,93 +74,21 @@ AGENT_INTERVAL = 120.0
 # ------------------------------------------------------------------------------------------ lag probes
 
 
-class Prober:
-    """Publish-to-queryable lag of the batches of a few probe nodes: after the broker's PUBACK, their
-    newest sample is looked for in VictoriaMetrics (raw export, every 0.25 s) until it is there."""
-
-    def __init__(self, vm: procs.Victoria, probe_nodes: set[int]) -> None:
-        self.vm = vm
-        self.nodes = probe_nodes
-        self.outstanding: list[tuple[str, int, float]] = []  # (node, newest sample ms, sent)
-        self.lags: list[tuple[float, float]] = []  # (sent, lag)
-        self._lock = threading.Lock()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="prober", daemon=True)
-        self._thread.start()
-
-    def acked(self, node: Node, record: Acked) -> None:
-        if node.index in self.nodes:
-            with self._lock:
-                self.outstanding.append((node.name, record.message.times_ms[-1], record.sent))
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.25):
-            with self._lock:
-                todo = list(self.outstanding)
-            if not todo:
-                continue
-            names = "|".join(sorted({n for n, _, _ in todo}))
-            try:
-                seen = {
-                    (labels.get("node", ""), ts)
-                    for labels, stamps in self.vm.export(
-                        f'gpu_up{{gpu="0",node=~"{names}"}}', min(t for _, t, _ in todo) - 1
-                    )
-                    for ts in stamps
-                }
-            except OSError:
-                continue
-            now = time.time()
-            done = [p for p in todo if (p[0], p[1]) in seen]
-            with self._lock:
-                for p in done:
-                    self.outstanding.remove(p)
-                    self.lags.append((p[2], now - p[2]))
-
-    def stop(self) -> None:
-        self._stop.set()
-        self._thread.join(5)
-
-
 # ------------------------------------------------------------------------------------------------ runs
-
-
-@dataclass
-class Result:
-    label: str
-    nodes: int
-    bridges: int
-    offered: float  # GPU-samples/s
-    per_cpu: float = 0.0  # GPU-samples per bridge CPU-second, in the window
-    rss_steady: float = 0.0  # MB, median over the window, largest bridge
-    rss_peak: float = 0.0  # MB, VmHWM, largest bridge
-    lag_p50: float = float("nan")
-    lag_p99: float = float("nan")
-    lag_n: int = 0
-    writes: float = 0.0  # remote-write requests in the window
-    messages: float = 0.0  # messages the bridges received in the window
-    lost: int = 0
-    duplicated: int = 0
-    nodes_lost: int = 0
-    nodes_dup: int = 0
-    rows_expected: int = 0
-    rows_stored: float = 0.0
-    busy: float = 0.0  # machine CPU busy, fraction of all cores, in the window
-    ours: float = 0.0  # of which: this bench's processes (publisher, Mosquitto, VictoriaMetrics, bridges)
-    first_share: float = 0.0  # messages in the window from nodes not heard before it
-    shares: list[float] = field(default_factory=list)
-    extra: dict[str, str] = field(default_factory=dict)
-    runs: list[float] = field(default_factory=list)  # GPU-samples per CPU-s of every run, when several
 
 
 class Stack:
     """Mosquitto, VictoriaMetrics and the bridges of one run; everything stopped by PID on exit."""
 
-    def __init__(self, workdir: Path, bridges: int, group: str, bridge_args: list[str], src: Path) -> None:
+    def __init__(
+        self, workdir: Path, bridges: int, group: str, bridge_args: list[str], src: Path, tsdb: str = "single"
+    ) -> None:
         self.workdir = workdir
         self.src = src
         self.broker = procs.Mosquitto(workdir)
-        self.vm = procs.Victoria(workdir)
+        self.vm: procs.Victoria | Sharded = procs.Victoria(workdir) if tsdb == "single" else Sharded(workdir / "tsdb")
+        # names of the TSDB's processes in the sampler: the one VictoriaMetrics, or the shards and vmagent
+        self.tsdb_names: list[str] = []
         self.sampler = procs.ProcSampler()
         self.bridge_args = bridge_args
         self.group = group
@@ -178,7 +111,10 @@ class Stack:
             self.broker.start()
             self.vm.start()
             self.sampler.watch("mosquitto", self.broker.pid)
-            self.sampler.watch("victoria", self.vm.pid)
+            tsdb = self.vm.watched() if isinstance(self.vm, Sharded) else [("victoria", self.vm.pid)]
+            for name, pid in tsdb:
+                self.sampler.watch(name, pid)
+            self.tsdb_names = [name for name, _ in tsdb]
             self.sampler.watch("bench", os.getpid())
             for i in range(len(self.bridges)):
                 self.start_bridge(i)
@@ -216,36 +152,6 @@ class Stack:
 
 def _sum(ms: list[dict[str, float]], name: str) -> float:
     return sum(m.get(name, 0.0) for m in ms)
-
-
-def count_check(vm: procs.Victoria, fleet: Fleet) -> tuple[int, int, int, int]:
-    """(samples lost, samples duplicated, nodes with a loss, nodes with a duplicate): per node, the
-    timestamps of gpu_up{gpu="0"} in the TSDB against every batch the broker acknowledged."""
-    expected: dict[str, list[int]] = {}
-    for n in fleet.nodes:
-        expected[n.name] = [t for a in n.acked for t in a.message.times_ms]
-    start = min((min(v) for v in expected.values() if v), default=0) - 1000
-    stored: dict[str, Counter[int]] = {}
-    for labels, stamps in vm.export('gpu_up{gpu="0"}', start):
-        stored.setdefault(labels.get("node", ""), Counter()).update(stamps)
-    lost = dup = nodes_lost = nodes_dup = 0
-    for name, times in expected.items():
-        have = stored.get(name, Counter())
-        want = Counter(times)
-        node_lost = sum(max(0, n - have[t]) for t, n in want.items())
-        node_dup = sum(max(0, n - want[t]) for t, n in have.items())
-        lost += node_lost
-        dup += node_dup
-        nodes_lost += node_lost > 0
-        nodes_dup += node_dup > 0
-    return lost, dup, nodes_lost, nodes_dup
-
-
-def quantile(values: list[float], q: float) -> float:
-    if not values:
-        return float("nan")
-    s = sorted(values)
-    return s[min(len(s) - 1, int(q * len(s)))]
 
 
 async def _wait_written(stack: Stack, rows_target: float, timeout: float) -> bool:
@@ -287,7 +193,8 @@ async def steady(
     group = "fleet" if bridges > 1 or scenario != "steady" else ""
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, offered)
-    with Stack(workdir, bridges, group, fleet_args(nodes) + args.bridge_arg + variant[2], variant[1]) as stack:
+    bridge_args = fleet_args(nodes) + args.bridge_arg + variant[2]
+    with Stack(workdir, bridges, group, bridge_args, variant[1], args.tsdb) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         if scenario == "rollout":  # onto a running bridge, its fleet's introduction over
             await asyncio.sleep(args.settle)
@@ -304,7 +211,7 @@ async def steady(
         published_before = fleet.published
         t0 = time.monotonic()
         m0 = await asyncio.to_thread(stack.bridge_metrics)
-        profilers = start_profilers(args, stack, nodes)
+        profilers = start_profilers(args, [b.pid for b in stack.bridges], nodes)
         killed_at = None
         if scenario == "kill":
             await asyncio.sleep(args.duration / 2)
@@ -332,6 +239,9 @@ async def steady(
         prober.stop()
         res.rows_stored = stack.vm.metric("vm_rows_inserted_total")
         res.lost, res.duplicated, res.nodes_lost, res.nodes_dup = count_check(stack.vm, fleet)
+        if isinstance(stack.vm, Sharded):
+            first = min((t for n in fleet.nodes for a in n.acked for t in a.message.times_ms), default=0)
+            res.extra["shards"] = split_note(stack.vm, first - 1000)
         await fleet.close()
         if scenario == "rollout":
             end = await asyncio.to_thread(stack.bridge_metrics)
@@ -356,12 +266,17 @@ async def steady(
             m0, "gpu_exporter_bridge_messages_received_total"
         )
         if scenario != "kill" and rows and msgs:  # what the broker and the TSDB cost, for sizing them
-            vm_cpu = stack.sampler.cpu_between("victoria", t0, t1)
+            vm_cpu = sum(stack.sampler.cpu_between(n, t0, t1) for n in stack.tsdb_names if n != "vmagent")
             mq_cpu = stack.sampler.cpu_between("mosquitto", t0, t1)
             res.extra["TSDB and broker CPU"] = (
                 f"VictoriaMetrics {vm_cpu / rows * 1e6:.2f} CPU-s per million samples written; Mosquitto "
                 f"{mq_cpu / msgs * 1e3:.2f} CPU-s per 1,000 batch messages (with {nodes:,} connections)"
             )
+            if "vmagent" in stack.tsdb_names:
+                agent_cpu = stack.sampler.cpu_between("vmagent", t0, t1)
+                res.extra["TSDB and broker CPU"] += (
+                    f"; vmagent {agent_cpu / rows * 1e6:.2f} CPU-s per million samples (VictoriaMetrics: both shards)"
+                )
         if scenario != "kill":
             res.per_cpu = written / cpu if cpu else 0.0
             res.writes = _sum(m1, "gpu_exporter_bridge_write_requests_total") - _sum(
@@ -390,8 +305,8 @@ async def steady(
         lags = [lag for sent, lag in prober.lags]
         res.lag_p50, res.lag_p99, res.lag_n = quantile(lags, 0.5), quantile(lags, 0.99), len(lags)
         res.busy = procs.machine_busy(stack.sampler.busy, t0, t1)
-        ours = sum(stack.sampler.cpu_between(n, t0, t1) for n in ("mosquitto", "victoria", "bench")) + cpu
-        res.ours = ours / (t1 - t0) / _cores()
+        ours = sum(stack.sampler.cpu_between(n, t0, t1) for n in ("mosquitto", "bench", *stack.tsdb_names)) + cpu
+        res.ours = ours / (t1 - t0) / cores()
         if killed_at is not None:
             res.extra["killed"] = (
                 f"bridge-0 SIGKILLed {killed_at:.0f} s into the window, restarted {args.restart_after:g} s later"
@@ -406,7 +321,7 @@ async def backlog(
     templates = Templates(GPUS, PER_BATCH, spacing=interval / PER_BATCH)
     res = Result(variant[0], nodes, bridges, 0.0)
     bridge_args = fleet_args(nodes) + args.bridge_arg + variant[2]
-    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", bridge_args, variant[1]) as stack:
+    with Stack(workdir, bridges, "fleet" if bridges > 1 else "", bridge_args, variant[1], args.tsdb) as stack:
         settings = FleetSettings("127.0.0.1", stack.broker.port, nodes, interval)
         fleet = Fleet(settings, templates)
         fleet.start()
@@ -461,93 +376,6 @@ async def backlog(
     return res
 
 
-def start_profilers(args: argparse.Namespace, stack: Stack, nodes: int) -> list[subprocess.Popen[bytes]]:
-    """py-spy on each bridge over the measured window (raw collapsed stacks)."""
-    if not args.profile:
-        return []
-    if shutil.which("py-spy") is None:
-        raise SystemExit("--profile needs py-spy (pip install py-spy)")
-    out = Path(args.profile)
-    out.mkdir(parents=True, exist_ok=True)
-    found = []
-    for i, b in enumerate(stack.bridges):
-        path = out / f"bridge-{nodes}-nodes-{i}-{args.profile_mode}.txt"
-        found.append(
-            subprocess.Popen(
-                [
-                    "py-spy",
-                    "record",
-                    "--nonblocking",
-                    "--gil" if args.profile_mode == "cpu" else "--idle",
-                    "--threads",
-                    "-r",
-                    "50",
-                    "-f",
-                    "raw",
-                    "-d",
-                    str(int(args.duration)),
-                    "-p",
-                    str(b.pid),
-                    "-o",
-                    str(path),
-                ],
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-        )
-    return found
-
-
-def _cores() -> int:
-    return os.cpu_count() or 1
-
-
-def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
-# --------------------------------------------------------------------------------------------- output
-
-
-def print_table(results: list[Result], header: str) -> None:
-    print(header)
-    print(
-        "| bridge | nodes | bridges | offered GPU-samples/s | GPU-samples per bridge CPU-s (vs first) "
-        "| bridge RSS steady / peak MB | lag p50 / p99 s (probes) | remote writes (messages) "
-        "| lost / duplicated (nodes) | machine busy (ours) |"
-    )
-    print("|---|---|---|---|---|---|---|---|---|---|")
-    first: dict[int, float] = {}
-    for r in results:
-        base = first.setdefault(r.nodes, r.per_cpu)
-        print(
-            f"| {r.label} | {r.nodes:,} | {r.bridges} | {r.offered:,.0f} | {r.per_cpu:,.0f} "
-            f"({r.per_cpu / base if base else 0:.2f}x) | {r.rss_steady:.0f} / {r.rss_peak:.0f} "
-            f"| {r.lag_p50:.1f} / {r.lag_p99:.1f} ({r.lag_n}) | {r.writes:,.0f} ({r.messages:,.0f}) "
-            f"| {r.lost} / {r.duplicated} ({r.nodes_lost} / {r.nodes_dup}) | {r.busy:.0%} ({r.ours:.0%}) |"
-        )
-        notes = [f"{k}: {v}" for k, v in r.extra.items()]
-        if r.shares:
-            notes.append("share of samples written per bridge: " + " / ".join(f"{s:.1%}" for s in r.shares))
-        if r.first_share:
-            notes.append(f"{r.first_share:.0%} of the window's batches were a node's first")
-        if r.rows_expected:
-            notes.append(f"rows stored {r.rows_stored:,.0f} of {r.rows_expected:,} published")
-        if r.runs:
-            notes.append("runs (GPU-samples per bridge CPU-s): " + ", ".join(f"{x:,.0f}" for x in r.runs))
-        for n in notes:
-            print(f"    {n}")
-
-
-def median_result(runs: list[Result]) -> Result:
-    """The run with the median GPU-samples per CPU-second (its other figures as measured)."""
-    best = sorted(runs, key=lambda r: r.per_cpu)[len(runs) // 2]
-    if len(runs) > 1:
-        best.runs = [r.per_cpu for r in runs]
-    return best
-
-
 def variants(specs: list[str]) -> list[tuple[str, Path, list[str]]]:
     """``LABEL=DIR[;--option=value...]``: DIR holds the gpu_exporter package (e.g. an exported src/), the
     options go to that variant's bridges only; in order."""
@@ -584,6 +412,12 @@ def main() -> int:
         default=[],
         help="LABEL=DIR[;--option=value...]: run the bridge from DIR (e.g. `git archive` of another commit's src/); repeatable, "
         "runs interleaved, ratios against the first (default: this tree's src/)",
+    )
+    parser.add_argument(
+        "--tsdb",
+        choices=("single", "sharded"),
+        default="single",
+        help="single: one VictoriaMetrics; sharded: vmagent splitting by node across two (bench/fleet_shards.py)",
     )
     parser.add_argument("--probes", type=int, default=40, help="lag probe nodes (default %(default)s)")
     parser.add_argument("--restart-after", type=float, default=5.0, help="kill: seconds before the restart")
@@ -636,12 +470,13 @@ def main() -> int:
                 )
         results += [median_result(v) for v in runs.values()]
     extra = "default options and the fleet's --bridge.max-series" + "".join(f" {a}" for a in args.bridge_arg)
+    target = "VictoriaMetrics" if args.tsdb == "single" else "vmagent -> two VictoriaMetrics shards by node"
     print_table(
         results,
         f"fleet bench, scenario {args.scenario}: simulated 8-GPU nodes (24-sample batches, QoS 1, one MQTT "
-        f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> VictoriaMetrics (no dedup); "
+        f"connection each) -> Mosquitto -> gpu-exporter bridge ({extra}) -> {target} (no dedup); "
         f"real time, {args.duration:g} s measured after a warm-up, median of {args.runs} run(s); "
-        f"load average {before} before, {loadavg()} after, {_cores()} cores",
+        f"load average {before} before, {loadavg()} after, {cores()} cores",
     )
     return 0
 

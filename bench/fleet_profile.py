@@ -1,4 +1,5 @@
-"""Where a bridge's time goes, from py-spy's raw profiles (``bench_fleet.py --profile DIR``).
+"""Where a bridge's time goes, from py-spy's raw profiles (``bench_fleet.py --profile DIR`` records them
+with ``start_profilers``).
 
 py-spy records every thread, idle ones included (``--idle``), 50 times a second. Each stack is put in
 the first stage whose frame it contains, so the stages of a thread add up to its samples: what the
@@ -11,6 +12,9 @@ most samples of their own (leaf frames) in the writer thread.
 
 from __future__ import annotations
 
+import argparse
+import shutil
+import subprocess
 import sys
 from collections import Counter
 from pathlib import Path
@@ -70,6 +74,44 @@ def analyse(path: Path) -> str:
         for frame, n in leaves.most_common(12):
             out.append(f"    {n / busy:6.1%}  {frame}")
     return "\n".join(out)
+
+
+def start_profilers(args: argparse.Namespace, pids: list[int], nodes: int) -> list[subprocess.Popen[bytes]]:
+    """py-spy on each bridge (``pids``) over the measured window (raw collapsed stacks), as
+    ``bench_fleet.py --profile DIR`` asks."""
+    if not args.profile:
+        return []
+    if shutil.which("py-spy") is None:
+        raise SystemExit("--profile needs py-spy (pip install py-spy)")
+    out = Path(args.profile)
+    out.mkdir(parents=True, exist_ok=True)
+    found = []
+    for i, pid in enumerate(pids):
+        path = out / f"bridge-{nodes}-nodes-{i}-{args.profile_mode}.txt"
+        found.append(
+            subprocess.Popen(
+                [
+                    "py-spy",
+                    "record",
+                    "--nonblocking",
+                    "--gil" if args.profile_mode == "cpu" else "--idle",
+                    "--threads",
+                    "-r",
+                    "50",
+                    "-f",
+                    "raw",
+                    "-d",
+                    str(int(args.duration)),
+                    "-p",
+                    str(pid),
+                    "-o",
+                    str(path),
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
+    return found
 
 
 def main() -> int:

@@ -169,8 +169,8 @@ class Bridge:
 
     def _on_connect(self, client: mqtt.Client, userdata: Any, flags: Any, rc: ReasonCode, props: Any) -> None:
         if rc.is_failure:
-            self.session.failed(f"refused: {rc}")
-            log.warning("MQTT broker %s:%d refused the connection: %s", self._host, self._port, rc)
+            if not self.session.refused(rc.value, str(rc)):
+                log.warning("MQTT broker %s:%d refused the connection: %s", self._host, self._port, rc)
             return
         self.session.connected()
         log.info(

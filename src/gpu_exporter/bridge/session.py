@@ -16,7 +16,9 @@ bridge tells it from what the broker says, as the agent does (``forward/twins.py
   between them: likely (a network that drops connections usually fails some attempts too).
 
 Each is counted in ``gpu_exporter_bridge_session_takeovers_total{evidence}`` and logged (at most a line
-a minute) with the client id. Thread-safe.
+a minute) with the client id. A CONNACK that refuses the connection stays the reason /readyz gives (the
+disconnect paho reports after it is not another one); a broker without MQTT 5, which the bridge cannot
+work with, is named as such. Thread-safe.
 """
 
 from __future__ import annotations
@@ -29,9 +31,10 @@ from prometheus_client import Counter
 
 from gpu_exporter.bridge.limits import RateLog
 
-__all__ = ["EARLY", "SESSION_TAKEN_OVER", "STREAK", "Session"]
+__all__ = ["EARLY", "SESSION_TAKEN_OVER", "STREAK", "UNSUPPORTED_PROTOCOL", "Session"]
 
 SESSION_TAKEN_OVER = 0x8E
+UNSUPPORTED_PROTOCOL = 0x84  # the CONNACK of a broker without MQTT 5 (3.1.1's return code 1, as paho reads it)
 _UNSPECIFIED = 0x80  # what paho reports for a connection the peer closed without a reason
 EARLY = 30.0  # seconds: a connection closed sooner than this after its CONNACK counts towards the pattern
 STREAK = 3
@@ -77,9 +80,29 @@ class Session:
             if self._down_since is None:
                 self._down_since = self._clock()
 
+    def refused(self, code: int, reason: str) -> bool:
+        """The broker's CONNACK refused the connection: True when that was said here (a broker without
+        MQTT 5, which the bridge cannot work with: one line a minute, and /readyz says it)."""
+        if code != UNSUPPORTED_PROTOCOL:
+            self.failed(f"refused: {reason}")
+            return False
+        self.failed("refused: the broker does not speak MQTT 5 (Unsupported protocol version)")
+        self._log.warning(
+            "mqtt5",
+            "MQTT broker %s does not speak MQTT 5: it refused the connection with Unsupported protocol version, "
+            "as an MQTT 3.1.1-only broker does. The bridge needs MQTT 5 (session expiry, Receive Maximum, "
+            "Maximum Packet Size; shared subscriptions for --bridge.group): point --mqtt.url at an MQTT 5 "
+            'broker (docs/bridge.md, "Brokers"); retrying',
+            self.where,
+        )
+        return True
+
     def lost(self, code: int | None, from_broker: bool, reason: str) -> bool:
         """The connection closed with ``code`` (a DISCONNECT from the broker when ``from_broker``): True
-        when it was a takeover (then counted and logged)."""
+        when that was said already (a takeover, then counted and logged; the end of a refused one)."""
+        with self._lock:
+            if self._connack is None and self._why.startswith("refused:"):
+                return True  # paho's disconnect after a refusing CONNACK: the refusal is the reason
         evidence = self._loss(code, from_broker, reason)
         if evidence is None:
             return False

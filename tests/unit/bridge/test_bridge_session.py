@@ -1,6 +1,7 @@
 """The bridge's MQTT session as /readyz and the log tell it (bridge/session.py): readiness against a
 clock the test moves, and a takeover of the client id, said by the broker (MQTT 5 reason 0x8E, as paho 2
-reports a DISCONNECT) or seen as a pattern (Mosquitto before 2.0.15 closes without a reason)."""
+reports a DISCONNECT) or seen as a pattern (Mosquitto before 2.0.15 closes without a reason); a refused
+connection, and a broker without MQTT 5 among them, as the reason it stays."""
 
 from __future__ import annotations
 
@@ -124,3 +125,29 @@ def test_the_default_client_id_is_the_host_and_listen_port_and_random_only_on_po
     assert settings_from(cfg.load({**base, "bridge.client-id": "bridge-0"})).client_id == "bridge-0"
     with pytest.raises(cfg.ConfigError, match=r"--bridge\.state-dir needs --bridge\.client-id"):
         settings_from(cfg.load({**anywhere, "bridge.state-dir": str(tmp_path)}))
+
+
+def test_a_broker_without_mqtt_5_is_named_once_a_minute_and_stays_the_readiness_reason(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """paho reports an MQTT 3.1.1 broker's CONNACK 1 as "Unsupported protocol version", then a disconnect."""
+    clock = Clock()
+    bridge, _ = _bridge(clock)
+    refused = ReasonCode(PacketTypes.CONNACK, "Unsupported protocol version")
+    with caplog.at_level(logging.WARNING):
+        for _ in range(3):
+            bridge._on_connect(bridge._client, None, None, refused, None)
+            bridge._on_disconnect(bridge._client, None, _flags(False), UNSPECIFIED, None)
+            clock.now += 2.0
+    lines = [r.getMessage() for r in caplog.records]
+    assert len(lines) == 1, lines
+    assert "does not speak MQTT 5" in lines[0] and "127.0.0.1:1" in lines[0]
+    ready, why = bridge.ready()
+    assert not ready and "refused: the broker does not speak MQTT 5" in why, why
+
+
+def test_another_refusal_keeps_its_own_reason_past_the_disconnect_that_follows() -> None:
+    bridge, _ = _bridge()
+    bridge._on_connect(bridge._client, None, None, ReasonCode(PacketTypes.CONNACK, "Not authorized"), None)
+    bridge._on_disconnect(bridge._client, None, _flags(False), UNSPECIFIED, None)
+    assert bridge.ready()[1].endswith("(refused: Not authorized)")
