@@ -61,7 +61,7 @@ def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any, help:
     shown = f" (default: {default})" if default not in ("", None) else ""
     if opt.repeated:
         shown = f" (default: {','.join(default)})" if default else ""
-    text = f"{opt.help if help is None else help}{' (repeatable)' if opt.repeated else ''}{shown}"
+    text = f"{opt.help if help is None else help}{shown}"
     if opt.parse is parse_bool:  # --flag alone is --flag=true, as node_exporter's boolean flags
         parser.add_argument(
             f"--{opt.name}",
