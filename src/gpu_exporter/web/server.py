@@ -440,7 +440,11 @@ class WebServer(ThreadingMixIn, HTTPServer):
     def _accept(self, listener: socket.socket) -> None:
         try:
             request, client_address = listener.accept()
-        except OSError:  # gone before it was taken (BlockingIOError), or out of file descriptors
+        except BlockingIOError:  # gone before it was taken
+            return
+        except OSError as exc:  # out of file descriptors: the connection waits in the backlog
+            log.debug("http: accept failed: %s", exc)
+            self._stopping.wait(0.05)  # not a busy loop while the listener stays readable
             return
         request.setblocking(True)
         try:
