@@ -8,9 +8,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from gpu_exporter.backends.options import VENDORS
-from gpu_exporter.config.parsers import Option, choice, int_between, parse_interval, parse_regex
+from gpu_exporter.config.parsers import Option, choice, int_between, parse_bool, parse_interval, parse_regex
 
-__all__ = ["AGENT_OPTIONS", "LOG_OPTIONS", "SAMPLING_OPTIONS", "AgentOptions", "SamplingOptions"]
+__all__ = ["AGENT_OPTIONS", "DISABLE_DEFAULTS", "LOG_OPTIONS", "SAMPLING_OPTIONS", "AgentOptions", "SamplingOptions"]
 
 
 @dataclass(frozen=True)
@@ -28,10 +28,17 @@ class AgentOptions:
     log_format: str = "logfmt"
     metrics_include: str = ""
     metrics_exclude: str = ""
-    disabled_collectors: frozenset[str] = frozenset()
+    disabled_collectors: frozenset[str] = frozenset()  # --no-collector.X
+    enabled_collectors: frozenset[str] = frozenset()  # --collector.X, named
+    collector_disable_defaults: bool = False  # only the collectors named in enabled_collectors run
 
     def collector_enabled(self, group: str) -> bool:
-        return group not in self.disabled_collectors
+        """Every collector group is on by default; ``--no-collector.X`` turns one off, and with
+        ``--collector.disable-defaults`` only those switched on by name (``--collector.X``) run, as in
+        node_exporter."""
+        if group in self.disabled_collectors:
+            return False
+        return not self.collector_disable_defaults or group in self.enabled_collectors
 
 
 SAMPLING_OPTIONS: tuple[Option, ...] = (
@@ -82,4 +89,14 @@ AGENT_OPTIONS: tuple[Option, ...] = (
         "REGEX",
     ),
     Option("metrics.exclude", "metrics_exclude", parse_regex, "drop metrics whose name matches this regex", "REGEX"),
+)
+
+# node_exporter's --collector.disable-defaults; listed with the collector switches (config/sources.py),
+# which fill enabled_collectors and disabled_collectors
+DISABLE_DEFAULTS = Option(
+    "collector.disable-defaults",
+    "collector_disable_defaults",
+    parse_bool,
+    "turn every collector off but those switched on by name (--collector.disable-defaults --collector.power)",
+    "BOOL",
 )

@@ -7,7 +7,6 @@ flag, bad config). Every error a user can cause ends in one line on stderr, neve
 from __future__ import annotations
 
 import argparse
-import errno
 import importlib
 import logging
 import os
@@ -23,6 +22,7 @@ from gpu_exporter.config.commands import AGENT
 from gpu_exporter.config.flags import FlagParser
 from gpu_exporter.daemon import Signals
 from gpu_exporter.logs import setup_logging
+from gpu_exporter.web.activation import ActivationError
 
 __all__ = ["build_parser", "entry", "main", "setup_logging"]
 
@@ -123,6 +123,10 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     stop = stop or threading.Event()
     limit_malloc_arenas()
     try:
+        sockets = _sockets(config)  # before the GPU library starts: a unit without its socket fails at once
+    except ActivationError as exc:
+        return _fail(str(exc), 2)
+    try:
         backends = base.create(config)
     except base.BackendError as exc:
         return _fail(str(exc), 1)
@@ -147,7 +151,8 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     sampler = Sampler(backends, ring, config.interval, [*listeners, exposition.update])
     exposition.stale = sampler.stale
     registry.register(AgentCollector(sampler, ring, backends))
-    selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
+    if not config.web_disable_exporter_metrics:  # node_exporter's flag: no process_*, no promhttp_* there
+        selfmetrics.register(registry)  # process_*; the build info is AgentCollector's
 
     forwarder: Any = None
 
@@ -159,14 +164,16 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     except ValueError as exc:
         return _fail(str(exc), 2)
     try:
-        server = MetricsServer(config.listen_address, config.telemetry_path, exposition, ready, web, _limits(config))
-    except OSError as exc:
+        server = MetricsServer(
+            config.listen_address, config.telemetry_path, exposition, ready, web, _limits(config), sockets
+        )
+    except OSError as exc:  # listeners.ListenError: "cannot listen on ADDRESS: reason"
         for backend in backends:
             backend.close()
-        reason = "address already in use" if exc.errno == errno.EADDRINUSE else (exc.strerror or str(exc))
-        return _fail(f"cannot listen on {config.listen_address}: {reason}", 1)
+        return _fail(str(exc), 1)
 
-    registry.register(ServerCollector(lambda: server))
+    if not config.web_disable_exporter_metrics:
+        registry.register(ServerCollector(lambda: server))  # gpu_exporter_http_*: the endpoint's own
     if getattr(config, "mqtt_url", ""):
         forward = importlib.import_module("gpu_exporter.forward.service")
         extra = attributor.device_values if attributor is not None else None  # per-pod series go too
@@ -205,10 +212,11 @@ def run(config: cfg.Config, stop: threading.Event | None = None, args: dict[str,
     if forwarder is not None:
         forwarder.start()
     log.info(
-        "serving %s on %s (port %d), node %s, %s backend(s), interval %gs",
+        "serving %s on %s (port %d%s), node %s, %s backend(s), interval %gs",
         config.telemetry_path,
-        config.listen_address,
+        ", ".join(server.addresses),
         server.port,
+        ", passed by systemd" if config.web_systemd_socket else "",
         config.node_name,
         ",".join(b.name for b in backends),
         config.interval,
@@ -263,6 +271,15 @@ def _view(config: cfg.Config, attributor: Any) -> Any:
             config.node_name, config.metrics_include, config.metrics_exclude, config.collector_enabled, pods, shares
         )
     return native_view(config.metrics_include, config.metrics_exclude, config.collector_enabled)
+
+
+def _sockets(config: cfg.Config) -> list[Any]:
+    """The sockets systemd passed (``--web.systemd-socket``), or none: the server binds the addresses."""
+    if not config.web_systemd_socket:
+        return []
+    from gpu_exporter.web.activation import inherited_sockets
+
+    return inherited_sockets()
 
 
 def _limits(config: cfg.Config) -> Any:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import gzip
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -372,12 +373,13 @@ class MetricsServer(WebServer):
 
     def __init__(
         self,
-        address: str,
+        address: str | Sequence[str],
         telemetry_path: str,
         exposition: Exposition,
         ready: ReadyCheck,
         web: WebConfig | None = None,
         limits: Limits | None = None,
+        sockets: Sequence[socket.socket] = (),
     ) -> None:
         site = Site(
             telemetry_path,
@@ -387,4 +389,4 @@ class MetricsServer(WebServer):
             content_type=CONTENT_TYPE,
             negotiate=exposition.negotiate,
         )
-        super().__init__(address, site, web, limits)
+        super().__init__(address, site, web, limits, sockets)

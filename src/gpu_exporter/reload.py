@@ -46,7 +46,10 @@ LIVE = frozenset(
 
 Applier = Callable[[cfg.Config, cfg.Config], None]  # (old, new)
 
-_FLAGS = {o.field: o.name for o in cfg.OPTIONS} | {"disabled_collectors": "collector.<group>"}
+_FLAGS = {o.field: o.name for o in cfg.ALL_OPTIONS if not o.is_switch} | {
+    "disabled_collectors": "collector.<group>",
+    "enabled_collectors": "collector.<group>",
+}
 
 
 class Reloader:
@@ -129,4 +132,6 @@ class Reloader:
 def _shown(value: Any) -> str:
     if isinstance(value, frozenset):
         return ",".join(sorted(value)) or "(none)"
+    if isinstance(value, tuple):
+        return ",".join(map(str, value))
     return repr(value)

@@ -15,6 +15,8 @@ from gpu_exporter import config as cfg
 from tests.support import ROOT
 
 UNIT = ROOT / "deploy" / "systemd" / "gpu-exporter.service"
+SOCKET = ROOT / "deploy" / "systemd" / "gpu-exporter.socket"
+DROP_IN = ROOT / "deploy" / "systemd" / "socket-activation.conf"
 CONFIG = ROOT / "deploy" / "systemd" / "config.yaml"
 EXEC = "/opt/gpu-exporter/bin/gpu-exporter"
 
@@ -36,9 +38,9 @@ def _installable(tmp_path: Path, text: str | None = None) -> Path:
     return unit
 
 
-def _verify(unit: Path) -> subprocess.CompletedProcess[str]:
+def _verify(*units: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [_analyze(), "verify", str(unit)], capture_output=True, text=True, timeout=120, env=dict(os.environ)
+        [_analyze(), "verify", *map(str, units)], capture_output=True, text=True, timeout=120, env=dict(os.environ)
     )
 
 
@@ -68,13 +70,61 @@ def test_exposure_is_low(tmp_path: Path) -> None:
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr
 
 
-def _service() -> dict[str, list[str]]:
+def _socket_activated(tmp_path: Path, socket_text: str | None = None, drop_in: str | None = None) -> Path:
+    """The service, its .socket unit and the drop-in as installed side by side (verify reads the drop-in
+    from ``gpu-exporter.service.d/`` beside the service); the socket unit's path."""
+    tmp_path.mkdir(exist_ok=True)
+    _installable(tmp_path)
+    (tmp_path / "gpu-exporter.service.d").mkdir()
+    (tmp_path / "gpu-exporter.service.d" / DROP_IN.name).write_text(
+        drop_in if drop_in is not None else DROP_IN.read_text()
+    )
+    unit = tmp_path / SOCKET.name
+    unit.write_text(socket_text if socket_text is not None else SOCKET.read_text())
+    return unit
+
+
+def _said(result: subprocess.CompletedProcess[str]) -> str:
+    return result.stdout + result.stderr
+
+
+def test_the_socket_unit_and_its_drop_in_verify(tmp_path: Path) -> None:
+    socket_unit = _socket_activated(tmp_path)
+    result = _verify(socket_unit, tmp_path / "gpu-exporter.service")
+    assert result.returncode == 0 and result.stdout + result.stderr == "", result.stdout + result.stderr
+
+
+def test_verify_sees_a_mistake_in_the_socket_unit_or_the_drop_in(tmp_path: Path) -> None:
+    bad_socket = _socket_activated(tmp_path / "a", socket_text=SOCKET.read_text().replace("FreeBind=", "FreeBnd="))
+    assert "FreeBnd" in _said(_verify(bad_socket, tmp_path / "a" / "gpu-exporter.service"))
+    bad_drop_in = DROP_IN.read_text().replace("Requires=", "Requirez=")
+    socket_unit = _socket_activated(tmp_path / "b", drop_in=bad_drop_in)
+    assert "Requirez" in _said(_verify(socket_unit, tmp_path / "b" / "gpu-exporter.service"))
+
+
+def _keys(path: Path) -> dict[str, list[str]]:
     values: dict[str, list[str]] = {}
-    for line in UNIT.read_text().splitlines():
+    for line in path.read_text().splitlines():
         if "=" in line and not line.startswith("#") and not line.startswith("["):
             key, _, value = line.partition("=")
             values.setdefault(key, []).append(value)
     return values
+
+
+def test_the_drop_in_has_the_service_take_the_socket_it_requires() -> None:
+    """The drop-in's environment turns --web.systemd-socket on as the agent reads it, and the socket
+    listens on the agent's default port, so a scrape target stays the same with or without activation."""
+    drop_in, sock = _keys(DROP_IN), _keys(SOCKET)
+    assert drop_in["Requires"] == ["gpu-exporter.socket"] and drop_in["After"] == ["gpu-exporter.socket"]
+    environ = dict(value.split("=", 1) for value in drop_in["Environment"])
+    assert cfg.load({}, environ={"NODE_NAME": "n", **environ}).web_systemd_socket is True
+    assert cfg.load({}, environ={"NODE_NAME": "n"}).web_systemd_socket is False
+    assert sock["ListenStream"] == ["9400"] and cfg.Config().listen_address == (":9400",)
+    assert sock["WantedBy"] == ["sockets.target"]
+
+
+def _service() -> dict[str, list[str]]:
+    return _keys(UNIT)
 
 
 def test_the_unit_is_hardened_as_documented() -> None:

@@ -15,7 +15,13 @@ from dataclasses import dataclass
 from typing import Any
 
 from gpu_exporter import catalog
-from gpu_exporter.agent_options import AGENT_OPTIONS, SAMPLING_OPTIONS, AgentOptions, SamplingOptions
+from gpu_exporter.agent_options import (
+    AGENT_OPTIONS,
+    DISABLE_DEFAULTS,
+    SAMPLING_OPTIONS,
+    AgentOptions,
+    SamplingOptions,
+)
 from gpu_exporter.backends.options import BACKEND_OPTIONS, BackendOptions
 from gpu_exporter.bridge.options import BRIDGE_OPTIONS, REMOTE_WRITE_OPTIONS, BridgeOptions, RemoteWriteOptions
 from gpu_exporter.config.parsers import Option, parse_bool
@@ -23,7 +29,7 @@ from gpu_exporter.forward.options import FORWARD_OPTIONS, ForwardOptions
 from gpu_exporter.k8s.options import K8S_OPTIONS, K8sOptions
 from gpu_exporter.web.options import WEB_OPTIONS, WebOptions
 
-__all__ = ["ALL_OPTIONS", "OPTIONS", "SWITCHES", "Config", "option_names", "replace"]
+__all__ = ["ALL_OPTIONS", "DISABLE_DEFAULTS", "OPTIONS", "SWITCHES", "Config", "option_names", "replace"]
 
 
 # The bases in reverse order of the fields: dataclasses collects the fields of the last base first.
@@ -58,7 +64,7 @@ SWITCHES = tuple(
     for group in catalog.GROUPS
 )
 
-ALL_OPTIONS = OPTIONS + SWITCHES
+ALL_OPTIONS = (*OPTIONS, DISABLE_DEFAULTS, *SWITCHES)
 BY_NAME = {o.name: o for o in ALL_OPTIONS}
 
 

@@ -295,3 +295,6 @@ class Option:
     help: str
     metavar: str | None = None
     is_switch: bool = False  # a --collector.X / --no-collector.X pair
+    # given several times (flags), as a YAML list, or comma-separated (env, YAML string): a tuple of the
+    # parsed values, in order; ``parse`` reads one
+    repeated: bool = False

@@ -15,8 +15,8 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from gpu_exporter.config.checks import check
-from gpu_exporter.config.model import ALL_OPTIONS, BY_NAME, OPTIONS, SWITCHES, Config
-from gpu_exporter.config.parsers import ConfigError, Option
+from gpu_exporter.config.model import ALL_OPTIONS, BY_NAME, DISABLE_DEFAULTS, OPTIONS, SWITCHES, Config
+from gpu_exporter.config.parsers import ConfigError, Option, parse_bool
 from gpu_exporter.units import format_duration
 
 __all__ = ["ENV_PREFIX", "add_arguments", "add_option", "env_name", "load", "read_file"]
@@ -42,6 +42,7 @@ def add_arguments(parser: argparse.ArgumentParser, options: Iterable[Option] = O
     for opt in options:
         add_option(parser, opt, getattr(defaults, opt.field))
     group = parser.add_argument_group("collectors (all enabled by default)")
+    add_option(group, DISABLE_DEFAULTS, False)  # type: ignore[arg-type]
     for opt in SWITCHES:
         group.add_argument(
             f"--{opt.name}",
@@ -58,13 +59,49 @@ def add_option(parser: argparse.ArgumentParser, opt: Option, default: Any, help:
     if isinstance(default, float) and opt.metavar == "DURATION":
         default = format_duration(default)
     shown = f" (default: {default})" if default not in ("", None) else ""
+    if opt.repeated:
+        shown = f" (default: {','.join(default)})" if default else ""
+    text = f"{opt.help if help is None else help}{shown}"
+    if opt.parse is parse_bool:  # --flag alone is --flag=true, as node_exporter's boolean flags
+        parser.add_argument(
+            f"--{opt.name}",
+            dest=opt.name,
+            metavar=opt.metavar,
+            default=argparse.SUPPRESS,
+            nargs="?",
+            const="true",
+            help=text,
+        )
+        return
     parser.add_argument(
         f"--{opt.name}",
         dest=opt.name,
         metavar=opt.metavar,
         default=argparse.SUPPRESS,
-        help=f"{opt.help if help is None else help}{shown}",
+        action="append" if opt.repeated else "store",
+        help=text,
     )
+
+
+def _parse_repeated(opt: Option, raw: Any, source: str) -> tuple[Any, ...]:
+    """A repeated option's values: flags give a list, YAML a list or a string, the environment a string;
+    a string holds one value or several separated by commas (``127.0.0.1:9400,[::1]:9400``)."""
+    if isinstance(raw, dict):
+        raise ConfigError(f"{source}: --{opt.name} takes a list of values, not a mapping")
+    items = raw if isinstance(raw, list) else [raw]
+    texts = [part.strip() for item in items for part in str(item).split(",")]
+    if not texts or any(not text for text in texts):
+        raise ConfigError(f"{source}: --{opt.name}: an empty value (give each value once, comma-separated)")
+    values = []
+    for text in texts:
+        try:
+            values.append(opt.parse(text))
+        except ValueError as exc:
+            raise ConfigError(f"{source}: {exc}") from None
+    if len(set(values)) != len(values):
+        twice = next(v for v in values if values.count(v) > 1)
+        raise ConfigError(f"{source}: --{opt.name}: {twice} is given twice")
+    return tuple(values)
 
 
 def _flatten(data: Mapping[str, Any], prefix: str = "") -> dict[str, tuple[Any, int]]:
@@ -115,8 +152,12 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
 
     fields: dict[str, Any] = {}
     disabled: set[str] = set()
+    enabled: set[str] = set()  # switched on by name: what --collector.disable-defaults keeps
     for name, (raw, source) in values.items():
         opt = BY_NAME[name]
+        if opt.repeated:
+            fields[opt.field] = _parse_repeated(opt, raw, source)
+            continue
         if isinstance(raw, (list, dict)):  # str() of a YAML list would pass as a value: ['a', 'b'] is a regex
             what = "a list" if isinstance(raw, list) else "a mapping"
             raise ConfigError(f"{source}: --{name} takes one value, not {what} (join several with '|' or ',')")
@@ -125,11 +166,11 @@ def load(args: Mapping[str, Any], environ: Mapping[str, str] | None = None) -> C
         except ValueError as exc:
             raise ConfigError(f"{source}: {exc}") from None
         if opt.is_switch:
-            if not parsed:
-                disabled.add(name.split(".", 1)[1])
+            (enabled if parsed else disabled).add(name.split(".", 1)[1])
         else:
             fields[opt.field] = parsed
     fields["disabled_collectors"] = frozenset(disabled)
+    fields["enabled_collectors"] = frozenset(enabled)
     fields["config_file"] = str(config_file)
     if not fields.get("node_name"):
         fields["node_name"] = environ.get("NODE_NAME") or socket.gethostname()

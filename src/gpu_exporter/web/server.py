@@ -7,7 +7,9 @@
 - A request must arrive in full within ``read_timeout`` of the connection (TLS handshake included), and
   a keep-alive connection may stay idle for ``idle_timeout``; a sweep on the server thread closes the
   ones past their deadline however slowly they trickle bytes.
-- The listen backlog is 128. A request that announces a body gets its answer and the connection is
+- It serves on one listening socket or several (``--web.listen-address`` given more than once, or the
+  sockets systemd passes: ``listeners.py``, ``activation.py``), all accepted on one thread, under one
+  cap and one set of counters. The listen backlog is 128. A request that announces a body gets its answer and the connection is
   closed, so that the body is never read as a further request.
 - TLS, basic auth, extra headers and the rate limit come from the web config (``webconfig.py``) and can be
   replaced while serving (``set_web``). /healthz and /readyz stay open without credentials and outside the
@@ -21,25 +23,26 @@
 from __future__ import annotations
 
 import logging
+import selectors
 import socket
 import ssl
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, HTTPServer
 from socketserver import ThreadingMixIn
 from typing import Any
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
-
 from gpu_exporter.web.auth import AuthState, BasicAuth, Verdict
 from gpu_exporter.web.authpool import Job
+from gpu_exporter.web.listeners import bind_all, describe, parse_listen
 from gpu_exporter.web.ratelimit import RateLimiter
+from gpu_exporter.web.servermetrics import ServerCollector
 from gpu_exporter.web.webconfig import WebConfig
 
-__all__ = ["Limits", "Site", "WebServer", "accepts_gzip", "parse_listen"]
+__all__ = ["Limits", "ServerCollector", "Site", "WebServer", "accepts_gzip", "parse_listen"]
 
 log = logging.getLogger(__name__)
 
@@ -89,13 +92,6 @@ def accepts_gzip(header: str | None) -> bool:
             star = q
     chosen = best if best is not None else star
     return chosen is not None and chosen > 0
-
-
-def parse_listen(address: str) -> tuple[str, int, socket.AddressFamily]:
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]")
-    family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    return host or ("::" if family == socket.AF_INET6 else "0.0.0.0"), int(port), family
 
 
 class _Conn:
@@ -263,12 +259,23 @@ class Stats:
 class WebServer(ThreadingMixIn, HTTPServer):
     daemon_threads = True
     block_on_close = False  # no list of threads kept: the connection table bounds them
-    allow_reuse_address = True
-    request_queue_size = 128
 
-    def __init__(self, address: str, site: Site, web: WebConfig | None = None, limits: Limits | None = None) -> None:
-        host, port, family = parse_listen(address)
-        self.address_family = family
+    def __init__(
+        self,
+        address: str | Sequence[str],
+        site: Site,
+        web: WebConfig | None = None,
+        limits: Limits | None = None,
+        sockets: Sequence[socket.socket] = (),
+    ) -> None:
+        """Serve on ``sockets`` (listening already), else on each of ``address``; ListenError (an OSError)
+        when one cannot be listened on."""
+        self.listeners = list(sockets) or bind_all([address] if isinstance(address, str) else address)
+        for sock in self.listeners:
+            sock.setblocking(False)  # one thread accepts on all: a connection gone before accept() never blocks it
+        self.address_family = self.listeners[0].family
+        self._stopping = threading.Event()
+        self._stopped = threading.Event()
         self.site = site
         self.limits = limits or Limits()
         self.stats = Stats()
@@ -278,7 +285,11 @@ class WebServer(ThreadingMixIn, HTTPServer):
         self.auth_state = AuthState()  # remembered checks and the check pool outlive reloads
         self.limiter: RateLimiter | None = None
         self.set_web(web or WebConfig())
-        super().__init__((host, port), _Handler)
+        super().__init__(self.listeners[0].getsockname(), _Handler, bind_and_activate=False)
+        self.socket.close()  # the one socketserver made unbound: the listeners are served instead
+        self.socket = self.listeners[0]
+        self.server_address = self.socket.getsockname()
+        self.server_name, self.server_port = str(self.server_address[0]), self.port
 
     def set_web(self, web: WebConfig) -> None:
         """Serve with this TLS, auth, headers and rate limit from now on (open connections keep theirs)."""
@@ -293,6 +304,11 @@ class WebServer(ThreadingMixIn, HTTPServer):
     @property
     def port(self) -> int:
         return int(self.server_address[1])
+
+    @property
+    def addresses(self) -> list[str]:
+        """Where it listens: ``127.0.0.1:9400``, ``[::1]:9400``, one per socket."""
+        return [describe(sock) for sock in self.listeners]
 
     @property
     def scheme(self) -> str:
@@ -406,6 +422,46 @@ class WebServer(ThreadingMixIn, HTTPServer):
         """A client that hangs up mid-request is its own business: one debug line, no traceback."""
         log.debug("http: request from %s failed: %s", client_address, sys.exc_info()[1])
 
+    # --- accepting ---
+    def serve_forever(self, poll_interval: float = 0.5) -> None:
+        """Accept on every listener from this one thread; the sweep (``service_actions``) between."""
+        self._stopped.clear()
+        try:
+            with selectors.DefaultSelector() as selector:
+                for sock in self.listeners:
+                    selector.register(sock, selectors.EVENT_READ)
+                while not self._stopping.is_set():
+                    for key, _ in selector.select(poll_interval):
+                        self._accept(key.fileobj)  # type: ignore[arg-type]
+                    self.service_actions()
+        finally:
+            self._stopped.set()
+
+    def _accept(self, listener: socket.socket) -> None:
+        try:
+            request, client_address = listener.accept()
+        except BlockingIOError:  # gone before it was taken
+            return
+        except OSError as exc:  # out of file descriptors: the connection waits in the backlog
+            log.debug("http: accept failed: %s", exc)
+            self._stopping.wait(0.05)  # not a busy loop while the listener stays readable
+            return
+        request.setblocking(True)
+        try:
+            self.process_request(request, client_address)
+        except Exception:
+            self.handle_error(request, client_address)
+            self.shutdown_request(request)
+
+    def shutdown(self) -> None:
+        """Stop serve_forever and wait for it (5 s at most)."""
+        self._stopping.set()
+        self._stopped.wait(5.0)
+
+    def server_close(self) -> None:
+        for sock in self.listeners:
+            sock.close()
+
     # --- lifecycle ---
     def start(self) -> None:
         self._thread = threading.Thread(target=self.serve_forever, name="http", daemon=True)
@@ -424,69 +480,3 @@ class WebServer(ThreadingMixIn, HTTPServer):
 
     def connections(self) -> int:
         return len(self._conns)
-
-
-class ServerCollector:
-    """The endpoint's own counters, as ``<prefix>_http_*`` metrics."""
-
-    def __init__(self, server: Callable[[], WebServer | None], prefix: str = "gpu_exporter") -> None:
-        self._server = server
-        self.prefix = prefix
-
-    def collect(self) -> Iterator[Metric]:
-        server = self._server()
-        if server is None:
-            return
-        s, p = server.stats, self.prefix
-        yield GaugeMetricFamily(f"{p}_http_connections", "Open HTTP connections.", value=server.connections())
-        yield GaugeMetricFamily(
-            f"{p}_http_max_connections", "Cap on open HTTP connections.", value=server.limits.max_connections
-        )
-        yield CounterMetricFamily(f"{p}_http_connections_accepted", "HTTP connections accepted.", value=s.accepted)
-        closed = CounterMetricFamily(
-            f"{p}_http_connections_dropped",
-            "HTTP connections refused or closed by the server: limit (cap reached, every slot busy: 503), "
-            "evicted (a waiting connection closed to make room), timeout (request or idle deadline), tls.",
-            labels=["reason"],
-        )
-        for reason, value in (
-            ("limit", s.rejected),
-            ("evicted", s.evicted),
-            ("timeout", s.timeouts),
-            ("tls", s.tls_failures),
-        ):
-            closed.add_metric([reason], value)
-        yield closed
-        yield CounterMetricFamily(
-            f"{p}_http_auth_failures", "Requests refused for missing or wrong credentials.", value=s.auth_failures
-        )
-        auth = server.auth_state
-        yield CounterMetricFamily(
-            f"{p}_http_password_checks", "bcrypt checks run (pairs not remembered).", value=auth.pool.checks
-        )
-        yield GaugeMetricFamily(
-            f"{p}_http_password_checks_queued", "Password checks waiting for the check pool.", value=auth.pool.queued()
-        )
-        remembered = CounterMetricFamily(
-            f"{p}_http_password_checks_remembered",
-            "Requests answered from a remembered check, without bcrypt: ok (a pair that passed), failed (a pair "
-            "that failed within the last 5 minutes).",
-            labels=["result"],
-        )
-        remembered.add_metric(["ok"], auth.remembered_good)
-        remembered.add_metric(["failed"], auth.remembered_bad)
-        yield remembered
-        yield CounterMetricFamily(
-            f"{p}_http_password_checks_evicted",
-            "Connections closed to make room for a newcomer while their password check waited.",
-            value=s.auth_evicted,
-        )
-        refused = CounterMetricFamily(
-            f"{p}_http_requests_refused",
-            "Requests answered 429: rate_limit (the web config's rate_limit), password_checks (the check "
-            "pool's queue was full of older checks).",
-            labels=["reason"],
-        )
-        refused.add_metric(["rate_limit"], s.rate_limited)
-        refused.add_metric(["password_checks"], s.auth_busy)
-        yield refused

@@ -12,7 +12,7 @@ from gpu_exporter.units import format_duration, parse_duration, parse_size
 
 def test_defaults() -> None:
     c = cfg.load({}, environ={"NODE_NAME": "edge-7"})
-    assert (c.gpu_vendor, c.interval, c.buffer_size, c.listen_address) == ("auto", 5.0, 256, ":9400")
+    assert (c.gpu_vendor, c.interval, c.buffer_size, c.listen_address) == ("auto", 5.0, 256, (":9400",))
     assert c.node_name == "edge-7"
     assert c.collector_enabled("gpm")
 

@@ -29,7 +29,8 @@ SECTIONS = [
     (RemoteWriteOptions, REMOTE_WRITE_OPTIONS),
     (K8sOptions, K8S_OPTIONS),
 ]
-NOT_OPTIONS = {"config_file", "disabled_collectors"}  # --config.file and the collector switches fill them
+# --config.file and the collector switches fill them (--collector.disable-defaults is listed with the switches)
+NOT_OPTIONS = {"config_file", "disabled_collectors", "enabled_collectors", "collector_disable_defaults"}
 
 MODULES = [
     "gpu_exporter.agent_options",
