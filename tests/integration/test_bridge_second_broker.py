@@ -49,6 +49,8 @@ class Seqs:
 
     def _on_message(self, client: paho.Client, userdata: Any, msg: paho.MQTTMessage) -> None:
         batch = decode(msg.payload)
+        if batch.health:  # the agent's health report: a stream of its own, no GPU samples
+            return
         with self._lock:
             self.got += [s.seq for s in batch.samples]
 

@@ -77,7 +77,7 @@ class RawSeqs:
             batch = decode(msg.payload)
         except PayloadError:
             return
-        if not batch.summary_ms:
+        if not batch.summary_ms and not batch.health:  # a health report's seq is a stream of its own
             self.seqs.update(s.seq for s in batch.samples)
 
     def close(self) -> None:
