@@ -56,6 +56,7 @@ from forwarder_table import (  # noqa: E402
     Result,
     account,
     caught_up_after,
+    from_json,
     parse_forwarders,
     parse_rates,
     rate_name,
@@ -123,6 +124,9 @@ def run_one(
         wall1 = time.time()
         uplink = rig.link.uplink_bytes()
         raw, summaries, series = _stored(tsdb, rig.node)
+        payload = 0
+        if isinstance(rig, Rig) and rig.agent is not None:
+            payload = round(rig.agent.metrics().get("gpu_exporter_forward_published_bytes_total", 0.0))
     finally:
         rig.stop()
     result = Result(
@@ -135,6 +139,7 @@ def run_one(
         accounting=account(raw, GPUS, wall0 + WARMUP, wall1, 1.0),
         series=series,
         summary_points=summaries,
+        payload_bytes=payload,
         lag=lags,
     )
     if not math.isnan(restored):
@@ -156,6 +161,9 @@ def _options() -> argparse.ArgumentParser:
     parser.add_argument("--poll", type=float, default=5.0, help="seconds between TSDB reads (%(default)s)")
     parser.add_argument("--parallel", action="store_true", help="every run at once, each in its own namespace")
     parser.add_argument("--keep", type=Path, help="keep the logs, every lag reading and results.json here")
+    parser.add_argument(
+        "--table", type=Path, nargs="+", metavar="RESULTS", help="run nothing: the table of kept results.json files"
+    )
     return parser
 
 
@@ -165,17 +173,26 @@ def main() -> int:
     try:
         rates = parse_rates(args.rates)
         forwarders = parse_forwarders(args.forwarders)
+        if args.minutes <= 0 or args.poll <= 0 or args.repeat < 1:
+            raise ValueError("--minutes and --poll must be positive, --repeat at least 1")
+        if args.outage_minutes > 0 and args.outage_at + args.outage_minutes >= args.minutes:
+            raise ValueError("--minutes must outlast --outage-at + --outage-minutes (time to catch up)")
     except ValueError as exc:
-        parser.error(str(exc))
-    if args.minutes <= 0 or args.poll <= 0 or args.repeat < 1:
-        parser.error("--minutes and --poll must be positive, --repeat at least 1")
-    if args.outage_minutes > 0 and args.outage_at + args.outage_minutes >= args.minutes:
-        parser.error("--minutes must outlast --outage-at + --outage-minutes (time to catch up)")
+        print(f"bench_forwarders: {exc}", file=sys.stderr)
+        return 2
 
     def stop(*_: object) -> None:  # a stop runs the clean-up: processes, namespaces (each run's own thread too)
         STOP.set()
         sys.exit(1)
 
+    if args.table:
+        try:
+            kept = [r for path in args.table for r in from_json(json.loads(path.read_text()))]
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            print(f"bench_forwarders: --table: {exc}", file=sys.stderr)
+            return 2
+        print(table(kept, max((r.seconds for r in kept), default=60.0) / 60))
+        return 0
     signal.signal(signal.SIGTERM, stop)
     why = netns_unavailable()
     if why:

@@ -11,6 +11,7 @@ import math
 import statistics
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = [
     "FORWARDERS",
@@ -18,6 +19,7 @@ __all__ = [
     "Result",
     "account",
     "caught_up_after",
+    "from_json",
     "parse_forwarders",
     "parse_rates",
     "rate_name",
@@ -78,20 +80,20 @@ class Accounting:
 
 
 def account(timestamps: dict[str, Sequence[float]], gpus: int, start: float, end: float, interval: float) -> Accounting:
-    """From each GPU's stored raw timestamps (seconds), what happened to the window [start, end): a hole
-    between two stored samples (or before the first) is lost, what is newer than the newest is behind.
-    A reading a little early or late is no hole: only a gap of 1.5 intervals or more misses one."""
+    """From each GPU's stored raw timestamps (seconds), what happened to the window [start, end): what is
+    missing before the newest stored sample is lost, what is newer than it is behind. Counted from the
+    span, so a reading a little early or late (a scrape's jitter) is no hole."""
     stored = behind = lost = 0
     for gpu in range(gpus):
         inside = sorted({round(t, 1) for t in timestamps.get(str(gpu), ()) if start <= t < end})
         if not inside:
             behind += math.floor((end - start) / interval)
             continue
+        first, newest = inside[0], inside[-1]
         stored += len(inside)
-        for a, b in zip([start - interval, *inside[:-1]], inside, strict=True):
-            if b - a >= 1.5 * interval:
-                lost += round((b - a) / interval) - 1
-        behind += max(0, math.ceil((end - inside[-1]) / interval) - 1)
+        lost += max(0, round((newest - first) / interval) + 1 - len(inside))
+        lost += max(0, round((first - start) / interval) - 1)
+        behind += max(0, math.ceil((end - newest) / interval) - 1)
     return Accounting(gpus * round((end - start) / interval), stored, behind, lost)
 
 
@@ -119,6 +121,7 @@ class Result:
     accounting: Accounting
     series: int  # series of the node the cloud holds (the same data for every forwarder?)
     summary_points: int = 0  # the exporter's summaries (not full resolution), for ours on a thin link
+    payload_bytes: int = 0  # for ours, the MQTT payloads it published (the rest of the uplink: MQTT, TCP, IP)
     lag: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, lag of the stalest GPU)
     caught_up: float = math.nan  # seconds after the outage; nan: no outage in the run
 
@@ -140,6 +143,17 @@ class Result:
         """The worst lag read in [first, last) seconds since the start."""
         inside = [lag for t, lag in self.lag if first <= t < last and not math.isnan(lag)]
         return max(inside) if inside else math.nan
+
+
+def from_json(items: Iterable[dict[str, Any]]) -> list[Result]:
+    """Results as ``--keep`` wrote them (results.json), to print one table of several runs' files."""
+    out = []
+    for item in items:
+        fields = dict(item)
+        fields["accounting"] = Accounting(**fields["accounting"])
+        fields["lag"] = [(float(t), float(v)) for t, v in fields.get("lag", [])]
+        out.append(Result(**fields))
+    return out
 
 
 def _median(values: Iterable[float]) -> float:
@@ -178,6 +192,9 @@ def table(results: Sequence[Result], minutes: float) -> str:
         "lag max, last minute",
         "lag max from minute 2",
     ] + (["caught up after the outage"] if outage else [])
+    summaries = any(r.summary_points for r in results)
+    if summaries:
+        head.insert(9, "summary points")
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for key in order:
         runs = groups[key]
@@ -193,6 +210,7 @@ def table(results: Sequence[Result], minutes: float) -> str:
             f"{_num(stored)} of {_num(expected)} ({100 * stored / expected:.0f} %)" if expected else "-",
             _num(_median(r.accounting.behind for r in runs)),
             _num(_median(r.accounting.lost for r in runs)),
+            *([_num(_median(r.summary_points for r in runs))] if summaries else []),
             _num(_median(r.series for r in runs)),
             _num(_median(r.lag_max(60, 120) for r in runs), " s"),
             _num(_median(r.lag_max(max(0.0, minutes * 60 - 60)) for r in runs), " s"),
