@@ -51,7 +51,7 @@ from tests.support.netns import netns_unavailable  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer, http_get  # noqa: E402
 from tests.support.weak_link_rig import Rig  # noqa: E402
 
-from forwarder_peers import PeerRig  # noqa: E402
+from forwarder_peers import CloudTSDB, PeerRig  # noqa: E402
 from forwarder_table import (  # noqa: E402
     Result,
     account,
@@ -217,7 +217,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-fwd-") as tmp:
         work = Path(tmp) if args.keep is None else args.keep
         work.mkdir(parents=True, exist_ok=True)
-        tsdb = VictoriaMetricsServer(work / "vm")
+        tsdb = CloudTSDB(work / "vm")
         tsdb.start()
         try:
             if args.parallel:

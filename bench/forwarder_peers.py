@@ -42,7 +42,7 @@ from tests.support.tcp_proxy import TcpProxy
 from tests.support.tsdb import PROMETHEUS, VictoriaMetricsServer
 from tests.support.weak_link_rig import Agent, LagProbe, exporter_args
 
-__all__ = ["PEERS", "PeerRig", "peer_command", "scrape_config"]
+__all__ = ["PEERS", "CloudTSDB", "PeerRig", "peer_command", "scrape_config"]
 
 VMAGENT = "/usr/bin/vmagent"
 PEERS = ("vmagent", "vmagent-best", "prometheus", "prometheus-best")
@@ -65,6 +65,17 @@ PROMETHEUS_BEST = """    remote_timeout: 10m
     metadata_config:
       send: false
 """
+
+
+class CloudTSDB(VictoriaMetricsServer):
+    """The cloud's VictoriaMetrics, taking as many uploads at once as arrive. Its default (8 concurrent
+    inserts here; 1.79 holds a slot while it reads a request's body) lets eight peers' requests trickling
+    in at 150 B/s hold every slot: then the bridge's writes, on this host, wait a minute and time out,
+    and every node's lag grows with the TSDB's queue, not with its link (seen in a first run). A cloud
+    TSDB's ingest takes many slow edge uploads at once; so does this one."""
+
+    def command(self) -> list[str]:
+        return [*super().command(), "-maxConcurrentInserts=512", "-insert.maxQueueDuration=10m"]
 
 
 def scrape_config(target: str, node: str, remote_write: str = "", best: bool = False) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 import statistics
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -79,7 +79,9 @@ class Accounting:
     lost: int  # holes before each GPU's newest stored one
 
 
-def account(timestamps: dict[str, Sequence[float]], gpus: int, start: float, end: float, interval: float) -> Accounting:
+def account(
+    timestamps: Mapping[str, Sequence[float]], gpus: int, start: float, end: float, interval: float
+) -> Accounting:
     """From each GPU's stored raw timestamps (seconds), what happened to the window [start, end): what is
     missing before the newest stored sample is lost, what is newer than it is behind. Counted from the
     span, so a reading a little early or late (a scrape's jitter) is no hole."""
