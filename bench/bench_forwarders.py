@@ -140,6 +140,7 @@ def run_one(
         series=series,
         summary_points=summaries,
         payload_bytes=payload,
+        minutes=args.minutes,
         lag=lags,
     )
     if not math.isnan(restored):
@@ -191,7 +192,7 @@ def main() -> int:
         except (OSError, ValueError, KeyError, TypeError) as exc:
             print(f"bench_forwarders: --table: {exc}", file=sys.stderr)
             return 2
-        print(table(kept, max((r.seconds for r in kept), default=60.0) / 60))
+        print(table(kept, max((r.planned_minutes for r in kept), default=1.0)))
         return 0
     signal.signal(signal.SIGTERM, stop)
     why = netns_unavailable()

@@ -126,6 +126,11 @@ class Result:
     payload_bytes: int = 0  # for ours, the MQTT payloads it published (the rest of the uplink: MQTT, TCP, IP)
     lag: list[tuple[float, float]] = field(default_factory=list)  # (seconds since start, lag of the stalest GPU)
     caught_up: float = math.nan  # seconds after the outage; nan: no outage in the run
+    minutes: float = 0.0  # the run's planned length (--minutes); 0: the measured one, rounded
+
+    @property
+    def planned_minutes(self) -> float:
+        return self.minutes or float(round(self.seconds / 60))
 
     @property
     def bytes_per_second(self) -> float:

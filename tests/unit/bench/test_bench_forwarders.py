@@ -77,7 +77,9 @@ def test_samples_outside_the_window_do_not_count() -> None:
 
 def test_caught_up_is_the_first_reading_after_the_return_near_the_usual_lag() -> None:
     readings = [(0.0, 5.0), (10.0, 6.0), (20.0, 7.0), (30.0, 300.0), (40.0, 200.0), (50.0, 17.0), (60.0, 12.0)]
-    assert caught_up_after(readings, 30.0, [5.0, 6.0, 7.0]) == 30.0  # 17 s is not within 10 s of the median 6 s, 12 s is
+    assert (
+        caught_up_after(readings, 30.0, [5.0, 6.0, 7.0]) == 30.0
+    )  # 17 s is not within 10 s of the median 6 s, 12 s is
     assert caught_up_after(readings[:5], 30.0, [5.0, 6.0, 7.0]) == math.inf  # never, while the run lasted
 
 
