@@ -168,11 +168,11 @@ def _median(values: Iterable[float]) -> float:
     return statistics.median(kept) if kept else math.nan
 
 
-def _num(v: float, unit: str = "") -> str:
+def _num(v: float, unit: str = "", infinite: str = "none yet") -> str:
     if math.isnan(v):
         return "-"
     if math.isinf(v):
-        return "never" if unit == " s" else "none yet"
+        return infinite
     return f"{v:,.0f}{unit}" if abs(v) >= 10 or v == 0 else f"{v:.1f}{unit}"
 
 
@@ -224,7 +224,7 @@ def table(results: Sequence[Result], minutes: float) -> str:
             _num(_median(r.lag_max(60) for r in runs), " s"),
         ]
         if outage:
-            row.append(_num(_median(r.caught_up for r in runs), " s"))
+            row.append(_num(_median(r.caught_up for r in runs), " s", "never"))
         lines.append("| " + " | ".join(row) + " |")
     lines += ["", "Lag of the stalest GPU (the worst reading of each minute, s; median of the runs):", ""]
     width = math.ceil(minutes)
