@@ -14,8 +14,8 @@ node's name as a ``node`` label. Their own series (``up``, ``scrape_*``) stay: a
 
 Defaults: the peer's remote write as shipped. ``best``: what suits a thin link, from their docs:
 
-- vmagent 1.79 (Debian's; no zstd VictoriaMetrics protocol yet, that came in 1.88: Prometheus remote
-  write v1, snappy): ``-remoteWrite.queues=1`` (one connection, one block at a time instead of
+- vmagent 1.79 (Debian's: its ``-help`` has no zstd VictoriaMetrics protocol nor
+  ``-remoteWrite.vmProtoCompressLevel``, which later releases have; Prometheus remote write v1, snappy): ``-remoteWrite.queues=1`` (one connection, one block at a time instead of
   2 x CPUs), ``-remoteWrite.flushInterval=10s`` (blocks of 10 s, as the exporter's 10 s batches; snappy
   has no window across blocks, so larger blocks only save the per-request overhead),
   ``-remoteWrite.maxRowsPerBlock=100000`` (so a 10 s block is not cut at 10,000 rows),
