@@ -129,15 +129,21 @@ class ShapedLink:
         return self
 
     def shape(self, rate: float, down_rate: float | None = None) -> None:
-        """Set the rate each way (bytes per second): the edge's egress is the uplink, the host's the downlink."""
+        """Set the rate each way (bytes per second): the edge's egress is the uplink, the host's the downlink.
+        A rate of 0 is an unthrottled link: no token bucket that way (the veth's own, unlimited)."""
         self.rate, self.down_rate = rate, down_rate or rate
         for ns, dev, r in ((self.name, self._edge_wan, self.rate), (None, self._host_wan, self.down_rate)):
             bits = max(8, round(r * 8))
             cmd = ["tc", "qdisc", "replace", "dev", dev, "root", "tbf", "rate", f"{bits}bit", "burst", str(self.burst)]
             cmd += ["limit", str(QUEUE)]
+            if r <= 0:
+                cmd = ["tc", "qdisc", "del", "dev", dev, "root"]
             if ns is not None:
                 cmd = ["ip", "netns", "exec", ns, *cmd]
-            subprocess.run(cmd, capture_output=True, text=True, check=True, timeout=30)
+            done = subprocess.run(cmd, capture_output=True, text=True, timeout=30)
+            nothing = ("No such file", "handle of zero")  # no bucket there to delete: the veth's default
+            if done.returncode and not (r <= 0 and any(n in done.stderr for n in nothing)):
+                raise subprocess.CalledProcessError(done.returncode, cmd, done.stdout, done.stderr)
 
     def cut(self) -> None:
         """The WAN goes down (the veth's edge end), as a cable pulled: nothing passes, nothing is reset."""
@@ -170,6 +176,18 @@ class ShapedLink:
         if "(dropped" in out:
             found["dropped"] = int(out[out.index("(dropped") + 1].rstrip(","))
         return found
+
+    def uplink_bytes(self) -> int:
+        """Bytes the edge end of the WAN has sent so far, every frame with its headers (the interface's own
+        counter: it counts with or without a token bucket, and whatever the bucket dropped is not in it)."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.name, "cat", f"/sys/class/net/{self._edge_wan}/statistics/tx_bytes"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        return int(out.stdout.strip())
 
     def close(self) -> None:
         if _ip("netns", "list", check=False).stdout.split().count(self.name):

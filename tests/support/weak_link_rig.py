@@ -1,6 +1,7 @@
 """One edge node behind a thin link, in real time: the exporter CLI (simulated GPUs) in a network
 namespace whose WAN is shaped by ``tc`` (tests/support/netns.py), a real Mosquitto, the real bridge and a real
-VictoriaMetrics on this host. Shared by tests/integration/test_forward_realtime.py and bench/bench_weak_link.py.
+VictoriaMetrics on this host. Shared by tests/integration/test_forward_realtime.py, bench/bench_weak_link.py and
+bench/bench_forwarders.py (which runs vmagent and Prometheus's agent behind the same link, bench/forwarder_peers.py).
 
 The cloud's lag is read from the TSDB: for each GPU, the newest timestamp of its temperature, raw or as a
 summary's ``_last``; ``lag_all`` is the age of the stalest GPU's newest value (the whole node is at
@@ -28,7 +29,7 @@ from .tsdb import MOSQUITTO, MosquittoServer, VictoriaMetricsServer, free_port, 
 
 ROOT = paths.ROOT
 
-__all__ = ["Agent", "CloudBroker", "LagProbe", "Rig", "agent_args"]
+__all__ = ["Agent", "CloudBroker", "LagProbe", "Rig", "agent_args", "exporter_args"]
 
 
 class CloudBroker(MosquittoServer):
@@ -54,9 +55,9 @@ class CloudBroker(MosquittoServer):
         return len(re.findall(rf"New client connected from \S+ as {re.escape(client_id)} ", text))
 
 
-def agent_args(link: ShapedLink, broker: CloudBroker, node: str, spool: Path, web_port: int, *extra: str) -> list[str]:
-    """The exporter CLI as an edge node runs it: 8 simulated GPUs read every second, 10 s batches, the
-    default keepalive, forwarding over the shaped WAN."""
+def exporter_args(link: ShapedLink, node: str, web_port: int, *extra: str) -> list[str]:
+    """The exporter CLI on the edge node, not forwarding: 8 simulated GPUs read every second, its page on
+    the unshaped management link (where a scraper in the namespace, or the test, reads it)."""
     return [
         sys.executable,
         "-m",
@@ -66,11 +67,22 @@ def agent_args(link: ShapedLink, broker: CloudBroker, node: str, spool: Path, we
         "--gpu-metrics-collection-interval=1s",
         f"--node-name={node}",
         f"--web.listen-address={link.edge_mgmt_ip}:{web_port}",
+        *extra,
+    ]
+
+
+def agent_args(link: ShapedLink, broker: CloudBroker, node: str, spool: Path, web_port: int, *extra: str) -> list[str]:
+    """The exporter CLI as an edge node runs it: 8 simulated GPUs read every second, 10 s batches, the
+    default keepalive, forwarding over the shaped WAN."""
+    return exporter_args(
+        link,
+        node,
+        web_port,
         f"--mqtt.url=mqtt://{broker.wan_ip}:{broker.port}",
         "--mqtt.batch-interval=10s",
         f"--spool.dir={spool}",
         *extra,
-    ]
+    )
 
 
 class Agent:
