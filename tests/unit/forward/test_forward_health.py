@@ -48,10 +48,10 @@ def test_a_report_is_made_each_batch_interval_and_while_summarising_only_with_a_
     assert not reports.due(1.9, 2.0, summarising=False, summaries=0)
     assert reports.due(2.0, 2.0, summarising=False, summaries=0)
     reports.make(2.0, summaries=0)
-    assert not reports.due(40.0, 2.0, summarising=True, summaries=0)  # no fresh summary since
-    assert not reports.due(31.9, 2.0, summarising=True, summaries=1)  # a thin link: every 30 s at most
-    assert reports.due(32.0, 2.0, summarising=True, summaries=1)
-    reports.make(32.0, summaries=1)
+    assert not reports.due(70.0, 2.0, summarising=True, summaries=0)  # no fresh summary since
+    assert not reports.due(61.9, 2.0, summarising=True, summaries=1)  # a thin link: every 60 s at most
+    assert reports.due(62.0, 2.0, summarising=True, summaries=1)
+    reports.make(62.0, summaries=1)
     assert decode(reports.pending).first_seq == 3  # the newest replaces the one not yet sent
     reports.lost()
     assert reports.pending is None
