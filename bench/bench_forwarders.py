@@ -49,7 +49,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT), str(ROOT / "bench")]
 
 from tests.support.netns import netns_unavailable  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer, http_get  # noqa: E402
-from tests.support.weak_link_rig import Rig  # noqa: E402
+from tests.support.weak_link_rig import Rig, run_together  # noqa: E402
 
 from forwarder_peers import CloudTSDB, PeerRig  # noqa: E402
 from forwarder_table import (  # noqa: E402
@@ -223,15 +223,7 @@ def main() -> int:
         try:
             if args.parallel:
                 threads = [threading.Thread(target=one, args=item) for item in plan]
-                for t in threads:
-                    t.start()
-                try:
-                    for t in threads:
-                        t.join()
-                finally:
-                    STOP.set()  # when interrupted: the threads stop their rigs before the TSDB goes
-                    for t in threads:
-                        t.join(120)
+                run_together(threads, STOP)
             else:
                 for item in plan:
                     one(*item)

@@ -39,7 +39,7 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 from tests.support.netns import ShapedLink, netns_unavailable  # noqa: E402
 from tests.support.procs import stop_process  # noqa: E402
 from tests.support.tsdb import VictoriaMetricsServer  # noqa: E402
-from tests.support.weak_link_rig import Rig  # noqa: E402
+from tests.support.weak_link_rig import Rig, run_together  # noqa: E402
 
 STOP = threading.Event()  # set by SIGTERM: every rate's run ends and cleans up (processes, namespace)
 
@@ -245,15 +245,7 @@ def main() -> int:
                     )
                     for r in rates
                 ]
-                for t in threads:
-                    t.start()
-                try:
-                    for t in threads:
-                        t.join()
-                finally:
-                    STOP.set()  # when interrupted: the threads stop their rigs before the TSDB goes
-                    for t in threads:
-                        t.join(120)
+                run_together(threads, STOP)
             else:
                 for r in rates:
                     run_rate(r, args.minutes, args.poll, tsdb, work, out, extra, args.trace, args.burst)

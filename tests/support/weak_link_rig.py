@@ -15,6 +15,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 import time
 import urllib.parse
 import urllib.request
@@ -257,3 +258,17 @@ class Rig:
             self.broker.stop()
         if self.link is not None:
             self.link.close()
+
+
+def run_together(threads: list[threading.Thread], stop: threading.Event) -> None:
+    """Start the benches' rigs' ``threads`` and wait for them all. When interrupted, ``stop`` tells each
+    to stop its rig (processes, namespace), and each gets two minutes for it, before the caller's TSDB goes."""
+    for t in threads:
+        t.start()
+    try:
+        for t in threads:
+            t.join()
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(120)
