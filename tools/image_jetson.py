@@ -165,7 +165,8 @@ def smoke_jetson(engine: Engine, tag: str, platform: str, workdir: Path) -> dict
             raise StepError("doctor reported a failure inside the image")
         topic = f"gpu-exporter/{NODE}/batch"
         subscriber = subprocess.Popen(
-            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", topic, "-C", "1", "-N", "-q", "1"],
+            # each payload as one line of hex: the agent's health reports share the topic with its batches
+            ["mosquitto_sub", "-h", "127.0.0.1", "-p", str(broker.port), "-t", topic, "-C", "6", "-F", "%x", "-q", "1"],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
         )
@@ -186,7 +187,11 @@ def smoke_jetson(engine: Engine, tag: str, platform: str, workdir: Path) -> dict
                 data, _ = subscriber.communicate(timeout=180)
             except subprocess.TimeoutExpired:
                 raise StepError(f"no batch on {topic} within 180 s:\n{container.logs()}") from None
-            batch = decode_batch(data)
+            payloads = [bytes.fromhex(line) for line in data.decode().split()]
+            batches = [(raw, b) for raw in payloads if not (b := decode_batch(raw)).health]
+            if not batches:
+                raise StepError(f"no batch among the {len(payloads)} messages on {topic}:\n{container.logs()}")
+            data, batch = batches[0]
             logs = container.logs()
         finally:
             stop_s = container.stop()
