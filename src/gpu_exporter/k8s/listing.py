@@ -12,6 +12,8 @@ import ssl
 import urllib.request
 from typing import Any
 
+from gpu_exporter import hostread
+
 __all__ = ["MAX_BYTES", "TIMEOUT", "fetch_items"]
 
 MAX_BYTES = 16 * 1024 * 1024  # a node's pods (110 with large specs are a few MB) or its slices
@@ -19,9 +21,8 @@ TIMEOUT = 3.0
 
 
 def _token(path: str) -> str:
-    try:
-        with open(path, encoding="utf-8") as handle:
-            return handle.read(64 * 1024).strip()
+    try:  # bounded (hostread): a FIFO or a hung mount where the token should be costs the request, not the agent
+        return hostread.read_text(path, cap=64 * 1024).strip()
     except OSError as exc:
         raise ValueError(f"cannot read the token file {path}: {exc.strerror or exc}") from None
 

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from prometheus_client import CollectorRegistry
 
+from gpu_exporter import hostread
 from gpu_exporter.k8s.metrics import process_cut_gauge
 from gpu_exporter.k8s.model import PodRef
 from gpu_exporter.k8s.render import PodSeries, render
@@ -46,8 +47,7 @@ class ProcessNames:
         name = self._names.get(pid)
         if name is None:
             try:
-                with open(self._procfs / str(pid) / "comm", "rb") as handle:
-                    name = handle.read(64).decode("utf-8", "replace").strip()
+                name = hostread.read_text(self._procfs / str(pid) / "comm", cap=64).strip()
             except OSError:
                 name = ""  # gone, or another PID namespace: the series still has its PID
             self._names[pid] = name
