@@ -189,6 +189,19 @@ class ShapedLink:
         )
         return int(out.stdout.strip())
 
+    def tcp_retransmits(self) -> int:
+        """TCP segments sent again inside the edge namespace so far (its own counters, /proc/net/snmp):
+        what a thin link costs when TCP's timer fires before a queued frame is through."""
+        out = subprocess.run(
+            ["ip", "netns", "exec", self.name, "cat", "/proc/net/snmp"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        rows = [line.split() for line in out.stdout.splitlines() if line.startswith("Tcp:")]
+        return int(dict(zip(rows[0], rows[1], strict=True))["RetransSegs"])
+
     def close(self) -> None:
         if _ip("netns", "list", check=False).stdout.split().count(self.name):
             _ip("netns", "del", self.name, check=False)

@@ -9,9 +9,10 @@ closes (``closed``), and asks it what to publish (docs/forwarding.md, "Weak link
 - ``idle``: a batch interval passed without a sample (sampling paused, a burst over). It counts as a batch
   that took nothing, and the link is judged again as at a batch's close: summarising ends once full
   resolution fits, without waiting for another sample.
-- ``add``: while weak, each sample joins the open window, which closes at the first sample at which it
-  spans a batch interval, the link has taken the previous summary (its last part acknowledged) and the
-  pacing window has room for it (a raw batch still on the link: the summary would only wait). On
+- ``add``: while weak, each sample joins the open window, which closes as soon as it spans a batch
+  interval, the link has taken the previous summary (its last part acknowledged: ``acked`` closes a
+  window due by then, the link is not left idle until the next sample) and the pacing window has room
+  for it (a raw batch still on the link: the summary would only wait). On
   a link that takes T seconds for a summary, windows are max(interval, T) long and the cloud's lag about
   that plus T: the least the link allows, and no estimate of the link's rate decides it. The summary is
   kept small where that buys freshness: on a link too thin to bring a whole summary within two batch
@@ -74,9 +75,10 @@ def _join(a: Sample, b: Sample) -> Sample:
 
 
 class Adaptive:
-    def __init__(self, node: str, boot: str, meter: LinkMeter, interval: float) -> None:
+    def __init__(self, node: str, boot: str, meter: LinkMeter, interval: float, digits: int = 0) -> None:
         self.node = node
         self.interval = interval  # --mqtt.batch-interval
+        self.digits = digits  # --mqtt.value-digits: a moving gauge's figures in a summary (summary.py)
         self.boot = boot
         self.meter = meter
         self.window_s = interval  # what the last fresh summary spanned
@@ -107,7 +109,9 @@ class Adaptive:
         (encoded, a few kB) for the reconnect: cheaper than reading the batch back from the spool."""
         self.meter.produced(sum(e.size for e in entries), span)
         if not connected and entries:
-            self._remember(entries, encode_summary(self.node, self.boot, [summarize(samples)], span))
+            self._remember(
+                entries, encode_summary(self.node, self.boot, [summarize(samples, digits=self.digits)], span)
+            )
         # While summarising, full resolution must fit with room to spare to end it: one optimistic figure
         # (a lone packet after an idle moment rides the link's burst) must not flip a link that cannot
         # carry full resolution back to it.
@@ -119,7 +123,7 @@ class Adaptive:
             return False
         if not self.active:  # the first weak batch starts the window; later samples come through ``add``
             self._flag(True)
-            self._window = Window()
+            self._window = Window(digits=self.digits)
             self._start = samples[0].timestamp - span / max(1, len(samples))
             for sample in samples:
                 self._window.add(sample)
@@ -148,7 +152,7 @@ class Adaptive:
         if not self.active:
             return
         if self._window is None:
-            self._window = Window()
+            self._window = Window(digits=self.digits)
             if self._start is None:  # summarising began without a window (a backlog on reconnect)
                 self._start = last if last is not None and last < sample.timestamp else sample.timestamp
         self._window.add(sample)
@@ -295,7 +299,7 @@ class Adaptive:
             if summarised:
                 point, span = batch.samples[0], batch.summary_ms / 1000
             else:
-                point = summarize(batch.samples)
+                point = summarize(batch.samples, digits=self.digits)
                 span = batch.samples[-1].timestamp - batch.samples[0].timestamp
             groups.setdefault((batch.node, batch.boot), []).append((point, max(span, self.interval)))
         made = 0
@@ -338,7 +342,7 @@ class Adaptive:
             if size <= limit or len(merged) == 1:
                 break
             k = max(k + 1, math.ceil(k * size / limit))
-            merged = [merge(points[i : i + k]) for i in range(0, len(points), k)]
+            merged = [merge(points[i : i + k], self.digits) for i in range(0, len(points), k)]
         return merged
 
     # ------------------------------------------------------------------------------------ sending
@@ -432,6 +436,9 @@ class Adaptive:
                 if delivery[3] and took > 0:
                     sample = delivery[1] / took
                     self.rate = sample if not self.rate else 0.3 * self.rate + 0.7 * sample
+                # the link is free: the open window closes now if it spans a batch interval, not at the
+                # next sample (up to a sampling interval later, for which the link would stand idle)
+                self._due()
         return True
 
     def _cut(self, batch: Batch, link: Link, topic: str) -> list[bytes]:

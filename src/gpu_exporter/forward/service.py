@@ -100,7 +100,7 @@ class Forwarder(Sender):
         self.twins = TwinWatch(registry, self.node, settings.client_id, config.mqtt_reconnect_max_delay)
         self.meter = LinkMeter(registry, config.mqtt_max_rate, settings.keepalive)
         # summaries first where the link is too thin for full resolution (adaptive.py)
-        self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval)
+        self.adaptive = Adaptive(self.node, self.boot, self.meter, config.mqtt_batch_interval, config.mqtt_value_digits)
         # the agent's own metrics, to the cloud every batch interval (health.py)
         self.reports = HealthReports(self.node, self.boot, registry, config.mqtt_value_digits)
         self._stop = threading.Event()
@@ -224,6 +224,7 @@ class Forwarder(Sender):
         self.config = new
         self.meter.max_rate = new.mqtt_max_rate
         self.adaptive.interval = new.mqtt_batch_interval
+        self.adaptive.digits = new.mqtt_value_digits
         self.reports.digits = new.mqtt_value_digits
         self._keys = catalog.kept_keys(new.metrics_include, new.metrics_exclude)
         if settings is not None:

@@ -286,6 +286,34 @@ def test_merged_windows_keep_the_extremes_and_weigh_the_means_by_window() -> Non
     assert values[("energy:last", ())] == 5000.0 and ("energy:max", ()) not in values
 
 
+def test_a_moving_gauge_is_summarised_to_the_value_digits_and_what_held_still_exactly() -> None:
+    """--mqtt.value-digits applies to a moving gauge's four figures, bytes of memory included (a tenth of
+    a summary of 8 GPUs); a limit that held still and a counter stay exact, and 0 keeps every figure exact."""
+
+    def at(seq: int) -> Sample:
+        values = {
+            ("memory_used", ()): 63_571_116_032.0 + 1_048_577 * seq,  # bytes: an integer gauge that moves
+            ("memory_total", ()): 85_899_345_920.0,  # held still
+            ("energy", ()): 1_234_567_891.0 + 100 * seq,  # a counter
+        }
+        return Sample(seq, T0 + seq, (DeviceSample(GPU, True, values, {}),))
+
+    samples = [at(s) for s in range(1, 11)]
+    short = summarize(samples, digits=4).devices[0].values
+    assert short[("memory_used:min", ())] == 63_570_000_000.0
+    assert short[("memory_used:max", ())] == short[("memory_used:last", ())] == 63_580_000_000.0
+    assert short[("memory_used:mean", ())] == 63_580_000_000.0
+    assert short[("memory_total:last", ())] == 85_899_345_920.0 and ("memory_total:min", ()) not in short
+    assert short[("energy:last", ())] == 1_234_568_891.0
+    exact = summarize(samples).devices[0].values
+    assert exact[("memory_used:min", ())] == 63_571_116_032.0 + 1_048_577
+    assert exact[("memory_used:last", ())] == 63_571_116_032.0 + 10 * 1_048_577
+    assert exact[("memory_used:mean", ())] == 63_577_000_000.0  # 5 digits, as before
+    first, second = summarize(samples[:5], digits=4), summarize(samples[5:], digits=4)
+    merged = merge([(first, 5.0), (second, 5.0)], 3)[0].devices[0].values
+    assert merged[("memory_used:mean", ())] == 63_600_000_000.0
+
+
 def test_the_summaries_of_a_long_backlog_fit_the_link_in_coarse_seconds() -> None:
     meter = LinkMeter(None, max_rate=20)  # a 20 B/s link
     adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0)

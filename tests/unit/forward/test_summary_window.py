@@ -108,3 +108,25 @@ def test_the_first_fresh_window_after_a_reconnect_with_a_backlog_spans_a_batch_i
             spans.append(link.adaptive._pending[1])
             link.adaptive._pending = None
     assert spans and spans[0] == INTERVAL, spans
+
+
+def test_a_due_window_closes_when_the_link_takes_the_last_summary_not_at_the_next_sample() -> None:
+    """The PUBACK of the summary on the link closes a window that spans a batch interval already: the
+    next summary is ready at once, the link not left idle until the next sample (a second here; at a
+    10 s sampling interval, ten)."""
+    link = Link(40.0)
+    adaptive = link.adaptive
+    link.run(60, 40.0)  # summaries on their way, one after the other
+    delivery = adaptive._delivery
+    while delivery is None:  # until a summary is on the link
+        link.run(1, 40.0)
+        delivery = adaptive._delivery
+    for _ in range(int(INTERVAL) + 2):  # the open window spans a batch interval; the link is still busy
+        link.seq += 1
+        adaptive.add(_sample(link.seq))
+    assert adaptive._pending is None
+    delivery[2].add(7)  # the summary's PUBLISH, packet id 7
+    adaptive.inflight[7] = delivery[1]
+    assert adaptive.acked(7, T0 + link.seq + 0.5)
+    assert adaptive._pending is not None  # closed on the acknowledgement, no sample since
+    assert adaptive._pending[1] >= INTERVAL
