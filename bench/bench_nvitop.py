@@ -11,10 +11,12 @@ Runs are interleaved (ours, theirs, ours, theirs, ...), one process each, at a 1
   * CPU (% of one core) over --cpu-seconds, one gzip scrape every 15 s (as Prometheus), and RSS after;
   * then scrape latency with 4 concurrent keep-alive clients for --scrape-seconds asking for gzip (as
     Prometheus does), then as long without gzip.
-Prints each run, then the medians over --runs runs and the ratios; the load average before each pair.
+Prints each run, then the medians over the completed runs and the ratios; the load average before each
+pair. A run whose exporter exits on its own is reported with its last line and left out of the medians;
+each run's output is kept under --logs.
 
 Usage: python bench/bench_nvitop.py [--runs 5] [--scrape-seconds 8] [--cpu-seconds 20] [--pcie-ms 20]
-       [--version 1.7.2] [--cache DIR]
+       [--version 1.7.2] [--cache DIR] [--logs DIR]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from nvitop_rig import GPUS, MIG, PROCESSES, Run, library, measure, nvitop, nvitop_venv, ours
+from nvitop_rig import GPUS, MIG, PROCESSES, Run, RunFailed, library, measure, nvitop, nvitop_venv, ours
 
 NVITOP_VERSION = "1.7.2"
 
@@ -38,9 +40,10 @@ def load() -> str:
 
 
 def line(name: str, run: Run) -> str:
+    failed = f", {run.gzip_failed + run.plain_failed} unanswered" if run.gzip_failed + run.plain_failed else ""
     return (
         f"{name:24} gzip p50 {run.gzip_p50 * 1e3:7.2f} p99 {run.gzip_p99 * 1e3:7.2f} ms ({run.gzip_scrapes:>5})  "
-        f"plain p50 {run.plain_p50 * 1e3:7.2f} p99 {run.plain_p99 * 1e3:7.2f} ms ({run.plain_scrapes:>5})  "
+        f"plain p50 {run.plain_p50 * 1e3:7.2f} p99 {run.plain_p99 * 1e3:7.2f} ms ({run.plain_scrapes:>5}{failed})  "
         f"CPU {run.cpu:5.2f} %  RSS {run.rss:5.1f} MiB  {run.scrape_cpu * 1e3:6.2f} ms CPU/scrape"
     )
 
@@ -72,6 +75,8 @@ def table(names: tuple[str, str], medians: tuple[Run, Run]) -> str:
     ]  # fmt: skip
     out = [f"| figure | {names[0]} | {names[1]} | theirs / ours |", "|---|---|---|---|"]
     out += [f"| {label} | {x} | {y} | {ratio:.1f}x |" for label, x, y, ratio in rows]
+    unanswered = (a.gzip_failed + a.plain_failed, b.gzip_failed + b.plain_failed)
+    out.append(f"| scrapes without an answer, per run | {unanswered[0]:g} | {unanswered[1]:g} | |")
     return "\n".join(out)
 
 
@@ -88,10 +93,13 @@ def main() -> int:
         default=Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "gpu-exporter-bench",
         help="where nvitop-exporter's virtual environment is kept (default %(default)s)",
     )
+    parser.add_argument("--logs", type=Path, help="where each run's output is kept (default: CACHE/logs)")
     args = parser.parse_args()
     if args.runs < 1 or args.scrape_seconds <= 0 or args.cpu_seconds <= 0 or args.pcie_ms < 0:
         parser.error("--runs, --scrape-seconds and --cpu-seconds must be positive, --pcie-ms not negative")
     venv = nvitop_venv(args.cache, args.version)
+    args.logs = args.logs or args.cache / "logs"
+    args.logs.mkdir(parents=True, exist_ok=True)
     print(
         f"real nvidia-ml-py over tests/fakes/fake_nvml.c: {GPUS} GPUs + {MIG} MIG instances, {PROCESSES} processes "
         f"each, {args.pcie_ms} ms per PCIe throughput call; 1 s interval; {args.runs} interleaved runs; "
@@ -102,15 +110,26 @@ def main() -> int:
         env = library(Path(tmp), args.pcie_ms)
         exporters = (ours(env), nvitop(env, venv, args.version))
         runs: tuple[list[Run], list[Run]] = ([], [])
+        failures: list[str] = []
         for i in range(args.runs):
             print(f"run {i + 1}: load average {load()}", flush=True)
-            for exporter, done in zip(exporters, runs, strict=True):
-                done.append(measure(exporter, args.cpu_seconds, args.scrape_seconds))
+            for n, (exporter, done) in enumerate(zip(exporters, runs, strict=True)):
+                log = args.logs / f"{'ours' if n == 0 else 'nvitop'}-{i + 1}.log"
+                try:
+                    done.append(measure(exporter, log, args.cpu_seconds, args.scrape_seconds))
+                except RunFailed as exc:
+                    failures.append(f"{exporter.name}, run {i + 1}: {exc}")
+                    print(f"  {exporter.name:24} run failed: {exc}", flush=True)
+                    continue
                 print("  " + line(exporter.name, done[-1]), flush=True)
-    medians = (median_run(runs[0]), median_run(runs[1]))
     print(f"load average after: {load()}")
-    print(f"medians of {args.runs} runs:")
-    print(table((exporters[0].name, exporters[1].name), medians))
+    if not all(runs):
+        print("no comparison: an exporter completed no run", file=sys.stderr)
+        return 1
+    print(f"medians of {len(runs[0])} and {len(runs[1])} completed runs:")
+    print(table((exporters[0].name, exporters[1].name), (median_run(runs[0]), median_run(runs[1]))))
+    for failure in failures:
+        print(f"failed: {failure}")
     return 0
 
 

@@ -14,6 +14,7 @@ import http.client
 import os
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,13 +25,17 @@ sys.path[:0] = [str(BENCH), str(ROOT / "src"), str(ROOT)]
 
 from tests.fakes.nvml_lib import Scenario, build, device_nodes  # noqa: E402
 
-from bench_core import free_port, proc_cpu, proc_rss, scrape_clients, stop_process  # noqa: E402
+from bench_core import free_port, proc_cpu, proc_rss, stop_process  # noqa: E402
 
 GPUS, MIG, PROCESSES = 8, 7, 2  # MIG instances on GPU 0; compute processes per GPU and per MIG instance
 PCIE = "nvmlDeviceGetPcieThroughput"
 START_TIMEOUT = 60.0
 WARMUP = 3.0  # seconds after the first full page: imports and first cycles are start-up, not steady state
 SCRAPE_EVERY = 15.0  # seconds between scrapes while CPU and RSS are measured (Prometheus's default)
+
+
+class RunFailed(Exception):
+    """The exporter exited during a run (or never served a full page); the message says how."""
 
 
 @dataclass(frozen=True)
@@ -48,9 +53,11 @@ class Run:
     gzip_p50: float
     gzip_p99: float
     gzip_scrapes: int
+    gzip_failed: int  # scrapes without an answer (connection closed or reset, timeout)
     plain_p50: float
     plain_p99: float
     plain_scrapes: int
+    plain_failed: int
     cpu: float
     rss: float
     scrape_cpu: float  # exporter CPU seconds per scrape while 4 clients scrape (gzip), collect included
@@ -105,16 +112,17 @@ def get(port: int, gzip_ok: bool = False) -> bytes:
         conn.close()
 
 
-def start(exporter: Exporter) -> tuple[subprocess.Popen[bytes], int]:
-    """The exporter, started and serving a full page (every GPU's series) on a free port."""
+def start(exporter: Exporter, log: Path) -> tuple[subprocess.Popen[bytes], int]:
+    """The exporter, started (its output into ``log``) and serving a full page (every GPU's series) on a
+    free port; RunFailed when it exits first or serves none within START_TIMEOUT."""
     port = free_port()
     command = [part.replace("{port}", str(port)) for part in exporter.command]
-    proc = subprocess.Popen(command, env=exporter.env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    with log.open("wb") as out:
+        proc = subprocess.Popen(command, env=exporter.env, stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         if proc.poll() is not None:
-            err = proc.stderr.read().decode(errors="replace").strip() if proc.stderr else ""
-            raise SystemExit(f"{exporter.name} exited with {proc.returncode}: {err.splitlines()[-1:] or ''}")
+            raise RunFailed(exited(proc, log))
         try:
             if get(port).count(exporter.gpu_series) >= GPUS:
                 return proc, port
@@ -122,7 +130,51 @@ def start(exporter: Exporter) -> tuple[subprocess.Popen[bytes], int]:
             pass
         time.sleep(0.2)
     stop_process(proc)
-    raise SystemExit(f"{exporter.name} served no full page within {START_TIMEOUT:g} s")
+    raise RunFailed(f"served no full page within {START_TIMEOUT:g} s (its output: {log})")
+
+
+def exited(proc: subprocess.Popen[bytes], log: Path) -> str:
+    """How the exporter ended: its exit status and the last line it wrote."""
+    lines = log.read_text(errors="replace").strip().splitlines()
+    return f"exited with status {proc.returncode}; its last line: {lines[-1] if lines else '(none)'} ({log})"
+
+
+def scrape_clients(
+    proc: subprocess.Popen[bytes], port: int, seconds: float, clients: int, gzip_ok: bool
+) -> tuple[list[float], int]:
+    """Sorted latencies (seconds) of the answered scrapes by ``clients`` keep-alive clients at once, and
+    how many got no answer (each client opens a new connection after one)."""
+    latencies: list[float] = []
+    failed = [0]
+    lock = threading.Lock()
+    until = time.monotonic() + seconds
+    headers = {"Accept-Encoding": "gzip"} if gzip_ok else {}
+
+    def client() -> None:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        mine: list[float] = []
+        lost = 0
+        while time.monotonic() < until and proc.poll() is None:
+            t0 = time.perf_counter()
+            try:
+                conn.request("GET", "/metrics", headers=headers)
+                conn.getresponse().read()
+            except (OSError, http.client.HTTPException):
+                lost += 1
+                conn.close()
+                continue
+            mine.append(time.perf_counter() - t0)
+        conn.close()
+        with lock:
+            latencies.extend(mine)
+            failed[0] += lost
+
+    threads = [threading.Thread(target=client) for _ in range(clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return sorted(latencies), failed[0]
 
 
 def steady(proc: subprocess.Popen[bytes], port: int, seconds: float) -> tuple[float, float]:
@@ -139,30 +191,41 @@ def steady(proc: subprocess.Popen[bytes], port: int, seconds: float) -> tuple[fl
 
 
 def percentiles(latencies: list[float]) -> tuple[float, float]:
-    """p50 and p99 of sorted ``latencies`` (nearest rank)."""
+    """p50 and p99 of sorted ``latencies`` (nearest rank); NaN for none."""
+    if not latencies:
+        return float("nan"), float("nan")
     return latencies[len(latencies) // 2], latencies[min(len(latencies) - 1, int(len(latencies) * 0.99))]
 
 
-def measure(exporter: Exporter, cpu_seconds: float, scrape_seconds: float, clients: int = 4) -> Run:
+def measure(exporter: Exporter, log: Path, cpu_seconds: float, scrape_seconds: float, clients: int = 4) -> Run:
     """One process of ``exporter``: steady CPU and RSS first, then ``clients`` scraping with gzip, then
-    without, each for ``scrape_seconds``; the collect cycle runs every second throughout."""
-    proc, port = start(exporter)
+    without, each for ``scrape_seconds``; the collect cycle runs every second throughout. RunFailed when
+    the exporter exits before the end."""
+    proc, port = start(exporter, log)
     try:
         time.sleep(WARMUP)
         cpu, rss = steady(proc, port, cpu_seconds)
         plain, packed = get(port), get(port, gzip_ok=True)
         cpu0 = proc_cpu(proc.pid)
-        zipped = scrape_clients(port, scrape_seconds, clients, gzip_ok=True)
+        zipped, zipped_failed = scrape_clients(proc, port, scrape_seconds, clients, gzip_ok=True)
         scrape_cpu = (proc_cpu(proc.pid) - cpu0) / max(1, len(zipped))
-        unzipped = scrape_clients(port, scrape_seconds, clients, gzip_ok=False)
-    finally:
-        stop_process(proc)
+        unzipped, unzipped_failed = scrape_clients(proc, port, scrape_seconds, clients, gzip_ok=False)
+    except OSError as exc:
+        if proc.poll() is None:
+            stop_process(proc)
+            raise RunFailed(f"did not answer: {exc} (its output: {log})") from None
+        raise RunFailed(exited(proc, log)) from None
+    if proc.poll() is not None:  # it ended on its own during the run
+        raise RunFailed(exited(proc, log))
+    stop_process(proc)
     series = sum(1 for line in plain.splitlines() if line and not line.startswith(b"#"))
     return Run(
         *percentiles(zipped),
         len(zipped),
+        zipped_failed,
         *percentiles(unzipped),
         len(unzipped),
+        unzipped_failed,
         cpu,
         rss,
         scrape_cpu,
