@@ -47,6 +47,10 @@ __all__ = ["Link"]
 log = logging.getLogger("gpu_exporter.forward")
 
 _FIRST_DELAY = 0.5  # seconds before the first retry; doubles up to the configured cap
+# Seconds between attempts at most while no TCP connection comes up (refused, timed out, no route, no
+# name): each costs the broker a SYN at most, and the link's return is seen within seconds, not at the
+# end of a 30 s backoff. A broker that answered and refused, or dropped us soon after, backs off to the cap.
+PROBE_EVERY = 5.0
 STABLE = 10.0  # seconds a connection must last before a lost connection resets the backoff
 _REPEAT = 60.0  # seconds before the same problem is logged again
 RECEIVE_MAXIMUM = 65535  # MQTT 5's value when CONNACK says nothing
@@ -276,14 +280,17 @@ class Link:
         except ssl.SSLError as exc:
             self._fail("tls", f"TLS handshake with the broker at {self._where()} failed: {_reason(exc)}")
         except socket.gaierror as exc:
-            self._fail("unreachable", f"cannot resolve broker host {s.host!r}: {exc.strerror or exc}")
+            self._fail("unreachable", f"cannot resolve broker host {s.host!r}: {exc.strerror or exc}", probe=True)
         except ConnectionRefusedError:
-            self._fail("unreachable", f"broker at {self._where()} refused the TCP connection (not running?)")
+            message = f"broker at {self._where()} refused the TCP connection (not running?)"
+            self._fail("unreachable", message, probe=True)
         except TimeoutError:
-            self._fail("unreachable", f"broker at {self._where()} unreachable: connection timed out")
+            self._fail("unreachable", f"broker at {self._where()} unreachable: connection timed out", probe=True)
         except OSError as exc:
             kind = "unreachable" if exc.errno in (errno.ENETUNREACH, errno.EHOSTUNREACH) else "lost"
-            self._fail(kind, f"cannot connect to broker at {self._where()}: {_reason(exc)}")
+            self._fail(
+                kind, f"cannot connect to broker at {self._where()}: {_reason(exc)}", probe=kind == "unreachable"
+            )
 
     def _connected(
         self, client: paho.Client, userdata: Any, flags: Any, reason: ReasonCode, props: Properties | None
@@ -420,7 +427,9 @@ class Link:
         else:
             log.debug("%s (again)", message)
 
-    def _fail(self, kind: str, message: str) -> None:
+    def _fail(self, kind: str, message: str, probe: bool = False) -> None:
+        """The connection is down; the next attempt after a backoff. ``probe``: no TCP connection came up
+        (nothing answered), so attempts go every ``PROBE_EVERY`` seconds at most (jittered)."""
         was_up = self.state == "up"
         now = self._clock()
         self._drop_client()
@@ -438,6 +447,8 @@ class Link:
             delay = random.uniform(0, min(cap, _FIRST_DELAY))
         else:  # nothing yet, or a connection that died soon after CONNACK: back off, doubling
             delay = min(cap, _FIRST_DELAY * 2 ** min(self._attempt - 1, 20))
+            if probe:  # a SYN or a name lookup: cheap to try again soon (the link may be back)
+                delay = min(delay, PROBE_EVERY)
             delay = random.uniform(delay / 2, delay)
         if kind == "qos":
             delay = cap  # a broker setting: it will not change in a second

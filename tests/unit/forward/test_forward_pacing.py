@@ -230,3 +230,30 @@ def test_a_packet_may_be_larger_than_the_window_within_most_of_the_keepalive() -
     assert meter.packet_cap() == 2700 > 2480  # the summary and its framing
     meter.sent(2, 2480, 30.0)
     assert not meter.room(100)  # alone: nothing beside it
+
+
+def test_while_nothing_answers_attempts_go_within_seconds_and_a_refusing_broker_backs_off_to_the_cap() -> None:
+    """After ten minutes of an outage the backoff sat at --mqtt.reconnect-max-delay (30 s): the link came
+    back and the agent waited up to half a minute more, while HTTP forwarders retried within seconds. A
+    refused TCP connection (or a timed-out one, no route, no name) costs a SYN: the next attempt comes
+    within 5 s (forward/mqtt.py's PROBE_EVERY); a broker that answered and refused still backs off to
+    the cap."""
+    closed = socket.create_server(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there: each connect is refused at once, as by a host without its broker
+    now = [0.0]
+    settings = LinkSettings("127.0.0.1", port, None, "5", "t", "", "", 30, 30.0, 16)
+    link = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None, clock=lambda: now[0])
+    waits = []
+    for _ in range(20):  # an outage: twenty attempts, each refused
+        now[0] = link._next_attempt
+        link.step(0.0)
+        assert link.state == "down" and "refused the TCP connection" in link.error
+        waits.append(link._next_attempt - now[0])
+    assert max(waits[10:]) <= 5.0
+    refusing = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None, clock=lambda: now[0])
+    backoff = []
+    for _ in range(20):  # a broker that answers CONNECT with a refusal: it is there, and gently asked again
+        refusing._fail("refused", "broker refused the connection: Server busy")
+        backoff.append(refusing._next_attempt - now[0])
+    assert min(backoff[10:]) >= 15.0  # jittered within the upper half of the 30 s cap
