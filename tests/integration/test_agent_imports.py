@@ -1,5 +1,6 @@
 """The agent loads only what the features it runs use: without forwarding, pod attribution and web auth,
-no MQTT client, spool, bcrypt, gRPC or protobuf (each costs a small board resident memory for nothing).
+no MQTT client, spool, bcrypt, gRPC or protobuf (each costs a small board resident memory for nothing);
+TLS on the endpoint without users loads no bcrypt either.
 
 The agent is the shipped entry point, ``python -m gpu_exporter`` run by ``runpy`` in a child process, with a
 watcher thread beside it that waits for the first page with GPUs on it (over a bare socket, so that it
@@ -17,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from tests.support import child_env, free_port
+from tests.support.tls import make_tls
 from tests.support.tsdb import MosquittoServer
 
 pytestmark = pytest.mark.integration
@@ -24,13 +26,22 @@ pytestmark = pytest.mark.integration
 WRAPPER = r"""
 import json, os, runpy, signal, socket, sys, threading, time
 
-out, port = sys.argv[1], int(sys.argv[2])
-sys.argv = ["gpu-exporter", f"--web.listen-address=127.0.0.1:{port}", *sys.argv[3:]]
+out, port, scheme = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+sys.argv = ["gpu-exporter", f"--web.listen-address=127.0.0.1:{port}", *sys.argv[4:]]
+
+
+def connect():
+    conn = socket.create_connection(("127.0.0.1", port), timeout=2)
+    if scheme == "https":  # (an agent serving TLS has loaded ssl itself)
+        import ssl
+
+        conn = ssl._create_unverified_context().wrap_socket(conn)
+    return conn
 
 
 def served():
     try:
-        with socket.create_connection(("127.0.0.1", port), timeout=2) as conn:
+        with connect() as conn:
             conn.sendall(b"GET /metrics HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
             data = b""
             while chunk := conn.recv(65536):
@@ -84,11 +95,11 @@ UNUSED = (
 )
 
 
-def loaded_modules(tmp_path: Path, *args: str) -> list[str]:
-    """The modules the agent had loaded once its first page with GPUs was served."""
+def loaded_modules(tmp_path: Path, *args: str, scheme: str = "http") -> list[str]:
+    """The modules the agent had loaded once its first page with GPUs was served (over ``scheme``)."""
     out = tmp_path / "modules.json"
     done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(out), str(free_port()), *AGENT, *args],
+        [sys.executable, "-c", WRAPPER, str(out), str(free_port()), scheme, *AGENT, *args],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -111,6 +122,15 @@ def test_an_agent_without_forwarding_pods_or_auth_loads_none_of_their_libraries(
     modules = loaded_modules(tmp_path)
     assert "gpu_exporter.exposition" in modules and "prometheus_client" in modules  # it did serve its page
     assert among(modules, UNUSED) == []
+
+
+def test_tls_without_users_loads_no_bcrypt(tmp_path: Path) -> None:
+    tls = make_tls(tmp_path / "pki", client=False)
+    web = tmp_path / "web.yml"
+    web.write_text(f"tls_server_config:\n  cert_file: {tls['cert']}\n  key_file: {tls['key']}\n")
+    modules = loaded_modules(tmp_path, f"--web.config.file={web}", scheme="https")
+    assert "gpu_exporter.web.tls" in modules and "yaml" in modules  # the file was read, TLS served
+    assert among(modules, tuple(n for n in UNUSED if n != "yaml")) == []
 
 
 def test_forwarding_loads_the_mqtt_client_and_the_spool_and_still_no_other_feature(tmp_path: Path) -> None:
