@@ -15,7 +15,10 @@ peak (VmHWM), and, for scale, what the same interpreter takes to start and do no
 the agents on another interpreter (a virtual environment with only the runtime dependencies, as in the
 image: a development interpreter's site hooks can take megabytes of their own).
 
+``--agent-arg=--metrics-buffer-size=2`` (repeatable) passes a flag to every agent.
+
 Usage: python bench/bench_agent.py [--runs 3] [--seconds 30] [--src DIR ...] [--python EXE] [--no-forwarding]
+       [--agent-arg FLAG ...]
 """
 
 from __future__ import annotations
@@ -78,9 +81,7 @@ def run_agent(python: str, lib: Path, src: Path, seconds: float, extra: list[str
         *extra,
     ]
     with open(log, "ab") as out:
-        proc = subprocess.Popen(
-            [python, "-m", "gpu_exporter", *args], env=agent_env(lib, src), stdout=out, stderr=out
-        )
+        proc = subprocess.Popen([python, "-m", "gpu_exporter", *args], env=agent_env(lib, src), stdout=out, stderr=out)
     try:
         deadline = time.monotonic() + 30
         while b"gpu_temperature_celsius" not in (scrape(port) or b""):
@@ -117,6 +118,7 @@ def main() -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="how long each agent runs (default %(default)s)")
     parser.add_argument("--src", type=Path, nargs="*", default=[], help="further trees' src folders to measure")
     parser.add_argument("--python", default=sys.executable, help="the agents' interpreter (default: this one)")
+    parser.add_argument("--agent-arg", action="append", default=[], help="a flag for every agent (repeatable)")
     parser.add_argument("--no-forwarding", action="store_true", help="only the case without forwarding")
     args = parser.parse_args()
     trees = [ROOT / "src", *(p.resolve() for p in args.src)]
@@ -130,14 +132,14 @@ def main() -> int:
         broker = None if args.no_forwarding else MosquittoServer(work / "mqtt")
         if broker is not None:
             broker.start()
-        cases: dict[str, list[str]] = {"without forwarding": []}
+        cases: dict[str, list[str]] = {"without forwarding": list(args.agent_arg)}
         try:
             results: dict[tuple[Path, str], list[tuple[int, int]]] = {}
             for run in range(args.runs):
                 for tree in trees:
                     if broker is not None:
                         spool = work / f"spool-{run}-{trees.index(tree)}"
-                        cases["with forwarding"] = [f"--mqtt.url={broker.url}", f"--spool.dir={spool}"]
+                        cases["with forwarding"] = [*args.agent_arg, f"--mqtt.url={broker.url}", f"--spool.dir={spool}"]
                     for case, extra in cases.items():
                         figures = run_agent(args.python, work / "lib", tree, args.seconds, extra, work / "agent.log")
                         results.setdefault((tree, case), []).append(figures)
@@ -147,7 +149,7 @@ def main() -> int:
     print(
         f"agent RSS: {GPUS} simulated GPUs + {MIG} MIG instances, real nvidia-ml-py over tests/fakes/fake_nvml.c, "
         f"1 s interval, scraped every {SCRAPE_EVERY:g} s; VmRSS after {args.seconds:g} s, median of {args.runs} "
-        f"(range), MiB; {args.python}"
+        f"(range), MiB; {args.python} {' '.join(args.agent_arg)}"
     )
     for tree in trees:
         print(f"{tree}:")
