@@ -26,16 +26,16 @@ pytestmark = pytest.mark.integration
 WRAPPER = r"""
 import json, os, runpy, signal, socket, sys, threading, time
 
-out, port, scheme = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+out, port, ca = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 sys.argv = ["gpu-exporter", f"--web.listen-address=127.0.0.1:{port}", *sys.argv[4:]]
 
 
 def connect():
     conn = socket.create_connection(("127.0.0.1", port), timeout=2)
-    if scheme == "https":  # (an agent serving TLS has loaded ssl itself)
+    if ca:  # https, the server's certificate checked (an agent serving TLS has loaded ssl itself)
         import ssl
 
-        conn = ssl._create_unverified_context().wrap_socket(conn)
+        conn = ssl.create_default_context(cafile=ca).wrap_socket(conn, server_hostname="127.0.0.1")
     return conn
 
 
@@ -95,11 +95,12 @@ UNUSED = (
 )
 
 
-def loaded_modules(tmp_path: Path, *args: str, scheme: str = "http") -> list[str]:
-    """The modules the agent had loaded once its first page with GPUs was served (over ``scheme``)."""
+def loaded_modules(tmp_path: Path, *args: str, ca: str = "") -> list[str]:
+    """The modules the agent had loaded once its first page with GPUs was served (over https when ``ca``,
+    the CA file its certificate is checked against, is given)."""
     out = tmp_path / "modules.json"
     done = subprocess.run(
-        [sys.executable, "-c", WRAPPER, str(out), str(free_port()), scheme, *AGENT, *args],
+        [sys.executable, "-c", WRAPPER, str(out), str(free_port()), ca, *AGENT, *args],
         env=child_env(),
         capture_output=True,
         text=True,
@@ -128,7 +129,7 @@ def test_tls_without_users_loads_no_bcrypt(tmp_path: Path) -> None:
     tls = make_tls(tmp_path / "pki", client=False)
     web = tmp_path / "web.yml"
     web.write_text(f"tls_server_config:\n  cert_file: {tls['cert']}\n  key_file: {tls['key']}\n")
-    modules = loaded_modules(tmp_path, f"--web.config.file={web}", scheme="https")
+    modules = loaded_modules(tmp_path, f"--web.config.file={web}", ca=tls["ca"])
     assert "gpu_exporter.web.tls" in modules and "yaml" in modules  # the file was read, TLS served
     assert among(modules, tuple(n for n in UNUSED if n != "yaml")) == []
 
