@@ -10,8 +10,9 @@ after are measured side by side under the same load.
 
 Prints, per tree and case, the median VmRSS over ``--runs`` agents (range in brackets) after
 ``--seconds`` of running (the default ring, 256 samples, fills only after 256 s at this interval), their
-peak (VmHWM), and, for scale, what the same interpreter takes to start and do nothing
-(``python -c pass``) and to import the agent's modules (``import gpu_exporter.cli``). ``--python`` runs
+peak (VmHWM), and where it goes: what the same interpreter takes to start and do nothing, then as it
+imports the agent's layers one after another (the command line, OpenSSL, the rest of the standard
+library's HTTP server, prometheus_client, nvidia-ml-py, the backend, the page and the web server). ``--python`` runs
 the agents on another interpreter (a virtual environment with only the runtime dependencies, as in the
 image: a development interpreter's site hooks can take megabytes of their own).
 
@@ -98,12 +99,33 @@ def run_agent(python: str, lib: Path, src: Path, seconds: float, extra: list[str
         stop_process(proc)
 
 
-def idle_rss(python: str, src: Path, code: str) -> int:
-    """VmRSS (KiB) of this interpreter after running ``code``, with ``src`` on its path."""
-    probe = f"{code}\nimport re\nprint(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))"
+# What the agent imports, layer by layer, in the order that makes each layer's own cost visible: the
+# standard library's HTTP server pulls in OpenSSL (http.client imports ssl) and the email package.
+STAGES = (
+    ("the command line, config and option tables", "gpu_exporter.cli"),
+    ("OpenSSL (ssl, _hashlib)", "ssl, hashlib"),
+    ("the rest of http.server (email, http.client)", "http.server"),
+    ("prometheus_client", "prometheus_client"),
+    ("nvidia-ml-py (pynvml)", "pynvml"),
+    ("the NVML backend", "gpu_exporter.backends.nvidia.backend"),
+    ("the page and the web server", "gpu_exporter.exposition, gpu_exporter.sampler, gpu_exporter.reload"),
+)
+
+
+def import_stages(python: str, src: Path) -> list[tuple[str, int]]:
+    """VmRSS (KiB) after each of ``STAGES`` in one fresh interpreter, its start first."""
+    probe = "\n".join(
+        [
+            "import re",
+            "def rss(): return re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1)",
+            "print(rss())",
+            *(f"import {modules}\nprint(rss())" for _, modules in STAGES),
+        ]
+    )
     env = {**os.environ, "PYTHONPATH": str(src)}
     done = subprocess.run([python, "-c", probe], env=env, capture_output=True, text=True, check=True)
-    return int(done.stdout)
+    values = [int(v) for v in done.stdout.split()]
+    return list(zip(["the interpreter (python -c pass)", *(name for name, _ in STAGES)], values, strict=True))
 
 
 def figure(values: list[int]) -> str:
@@ -153,8 +175,11 @@ def main() -> int:
     )
     for tree in trees:
         print(f"{tree}:")
-        print(f"  python -c pass                 {idle_rss(args.python, tree, 'pass') / 1024:5.1f}")
-        print(f"  import gpu_exporter.cli        {idle_rss(args.python, tree, 'import gpu_exporter.cli') / 1024:5.1f}")
+        print("  imports, one layer after another (VmRSS, and what the layer added):")
+        last = 0
+        for name, kib in import_stages(args.python, tree):
+            print(f"    {name:48} {kib / 1024:5.1f}  {(kib - last) / 1024 if last else 0:+5.1f}")
+            last = kib
         for case in cases:
             rows = results[(tree, case)]
             print(f"  {case:30} {figure([r for r, _ in rows])}   peak {figure([h for _, h in rows])}")
