@@ -57,7 +57,10 @@ def to_document(batch: Batch) -> dict[str, Any]:
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
     devices: dict[DeviceId, dict[str, Any]] = {}
-    columns: dict[DeviceId, dict[int, list[float | None]]] = {}
+    # per device, column index -> its values; with one sample (the spool's journal, one per cycle) the
+    # value itself, which is the column's constant form
+    columns: dict[DeviceId, dict[int, Any]] = {}
+    one = n == 1
     for i, sample in enumerate(samples):
         for dev in sample.devices:
             entry = devices.get(dev.device)
@@ -80,6 +83,9 @@ def to_document(batch: Batch) -> dict[str, Any]:
                     for label in labels:
                         _check_text("label value", label)
                     idx = metric_index[series] = len(metric_index)
+                if one:
+                    cols[idx] = float(value)
+                    continue
                 col = cols.get(idx)
                 if col is None:
                     col = cols[idx] = [None] * n
@@ -88,7 +94,10 @@ def to_document(batch: Batch) -> dict[str, Any]:
     out_devices = []
     for device_id, entry in devices.items():
         cols = columns[device_id]
-        entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
+        if one:
+            entry["columns"] = [None if (v := cols.get(j)) is None else _constant(v) for j in range(len(metric_index))]
+        else:
+            entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
         if "info" in entry:
             entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
             for k, v in entry["info"].items():
@@ -207,9 +216,7 @@ def _encode_column(col: list[float | None]) -> Any:
     ``{"values": [...]}``; docs/payload.md has the forms."""
     first = col[0]
     if first is not None and all(v is not None and _same_float(v, first) for v in col):
-        if first.is_integer() and abs(first) < fmt.SAFE_INT and math.copysign(1.0, first) > 0:
-            return int(first)  # a value that held still for the whole batch, stated once
-        return json_value(first)
+        return _constant(first)  # a value that held still for the whole batch, stated once
     scale = 0
     for v in col:
         if v is None:
@@ -252,6 +259,13 @@ def _encode_column(col: list[float | None]) -> Any:
     if step > 1:  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
         return [form + fmt.HAS_STEP, step, *out]
     return [form, *out]
+
+
+def _constant(value: float | None) -> Any:
+    """A column whose every value is ``value``: an integer where it is one, else as the payload writes it."""
+    if value is not None and value.is_integer() and abs(value) < fmt.SAFE_INT and math.copysign(1.0, value) > 0:
+        return int(value)
+    return json_value(value)
 
 
 def _in_range(ints: list[int | None]) -> bool:
