@@ -162,7 +162,7 @@ def _layout(item: Any) -> Layout | None:
     try:
         types = dict(item._fields_)
         header = sorted((getattr(item, name).offset, types[name]._type_, name) for name in _HEADER)
-        value = getattr(item, "value").offset
+        value = item.value.offset
         members = dict(types["value"]._fields_)
         codes = [members[name]._type_ for name in _VALUE_MEMBERS]
     except (AttributeError, KeyError, TypeError):
