@@ -8,6 +8,7 @@ cycle reads the same values: the encoders' deltas are zero, as on an idle node).
 machine is shared and its load varies.
 
 1. Components (one child process): the median over --cycles cycles, after warm-up, of one cycle's
+   (render, self and gzip: of one page, which the agent makes once per sample a scrape asks for)
      read       NvmlBackend.read() (every default collector, XID events on their own thread);
      bounds     the sampler's label and value bounds (limits.SampleBounds.apply);
      render     the device series as Prometheus text (exposition.render, the native view);
@@ -22,8 +23,12 @@ machine is shared and its load varies.
    over a --window-second window after a --warmup, as % of one core, and per cycle (CPU over the cycles
    the agent counted in the window, from two scrapes of gpu_exporter_collects_total). Median of --repeats.
 
-Usage: python bench/bench_components.py [--cycles 200] [--window 30] [--warmup 8] [--repeats 3]
-       [--only components|agent]
+With --against DIR (a checkout of another commit, e.g. ``git worktree add DIR main`` or ``git archive``),
+the components of both trees are measured alternately, --rounds times each, so that both meet the
+same load; the agent part always runs this tree.
+
+Usage: python bench/bench_components.py [--cycles 200] [--rounds 1] [--against DIR] [--window 30]
+       [--warmup 8] [--repeats 3] [--only components|agent]
 """
 
 from __future__ import annotations
@@ -45,24 +50,58 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
+# the package measured: this tree's, or (--against, in the child) another checkout's src folder
+SRC = os.environ.get("BENCH_COMPONENTS_SRC") or str(ROOT / "src")
+sys.path[:0] = [SRC, str(ROOT)]
 
 from tests.fakes.nvml_lib import LIBRARY, Scenario, build, device_nodes  # noqa: E402
 
 GPUS, MIG = 8, 7
 SCENARIO = Scenario(gpus=GPUS, mig=MIG, processes_per_gpu=1)
 COMPONENTS = ("read", "bounds", "render", "self", "gzip", "prepare", "journal", "spool", "batch")
+PAGE = ("render", "self", "gzip")  # the page's parts: made once per sample that a scrape asks for
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def _env(folder: Path) -> dict[str, str]:
+def _env(folder: Path, src: str = "") -> dict[str, str]:
     if not (folder / LIBRARY).exists():
         build(folder)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_NVML_", "GPU_EXPORTER_"))}
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("FAKE_NVML_", "GPU_EXPORTER_", "BENCH_"))}
     env.update(SCENARIO.environment(device_nodes(folder / f"dev{GPUS}", GPUS)))
     env["LD_LIBRARY_PATH"] = str(folder)
-    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), str(ROOT)])
+    env["PYTHONPATH"] = os.pathsep.join([src or str(ROOT / "src"), str(ROOT)])
+    env["BENCH_COMPONENTS_SRC"] = src
     return env
+
+
+def _components_run(folder: Path, args: argparse.Namespace, src: str = "") -> dict[str, float]:
+    child = [sys.executable, __file__, "--child", f"--cycles={args.cycles}", f"--batch={args.batch}"]
+    done = subprocess.run(child, env=_env(folder, src), capture_output=True, text=True, timeout=600, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"the component run failed:\n{done.stderr}")
+    result: dict[str, float] = json.loads(done.stdout)
+    result["cycle"] = sum(result[name] for name in COMPONENTS if name not in PAGE)
+    result["page"] = sum(result[name] for name in PAGE)
+    return result
+
+
+def _components_table(folder: Path, args: argparse.Namespace) -> None:
+    """This tree's components, or (--against) this tree's and another's, run alternately --rounds times."""
+    trees = [("this tree", "")] + ([("against", str(Path(args.against).resolve() / "src"))] if args.against else [])
+    runs: dict[str, list[dict[str, float]]] = {label: [] for label, _ in trees}
+    for _ in range(args.rounds):
+        for label, src in trees:
+            runs[label].append(_components_run(folder, args, src))
+    print(
+        f"CPU ms per cycle (thread CPU time): median over {args.rounds} run(s) of the medians of {args.cycles} cycles"
+    )
+    print(f"  {'':<8} " + " ".join(f"{label:>12}" for label, _ in trees))
+    for name in (*COMPONENTS, "cycle", "page"):
+        cells = [statistics.median(r[name] for r in runs[label]) for label, _ in trees]
+        print(f"  {name:<8} " + " ".join(f"{c:12.3f}" for c in cells))
+    print("  cycle: what every cycle costs (forwarding included); page: what a scrape of a new sample costs")
+    if args.against:
+        print(f"  (against: {args.against})")
 
 
 # -- 1. components, in a child process that has the C library -------------------------------------
@@ -218,6 +257,10 @@ def main() -> int:
     parser.add_argument("--warmup", type=float, default=8.0, help="agent warm-up, s (default %(default)s)")
     parser.add_argument("--repeats", type=int, default=3, help="agent runs per case (default %(default)s)")
     parser.add_argument("--only", choices=("components", "agent"), help="one part only")
+    parser.add_argument("--rounds", type=int, default=1, help="component runs (default %(default)s)")
+    parser.add_argument(
+        "--against", metavar="DIR", help="also a checkout of another commit (its src/), alternately with this tree"
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:  # part 1, in the process that loads the C library
@@ -228,16 +271,11 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="bench-components-") as tmp:
         folder = Path(tmp)
         if args.only != "agent":
-            child = [sys.executable, __file__, "--child", f"--cycles={args.cycles}", f"--batch={args.batch}"]
-            done = subprocess.run(child, env=_env(folder), capture_output=True, text=True, timeout=600, check=False)
-            if done.returncode != 0:
-                print(f"the component run failed:\n{done.stderr}", file=sys.stderr)
+            try:
+                _components_table(folder, args)
+            except RuntimeError as exc:
+                print(exc, file=sys.stderr)
                 return 1
-            result = json.loads(done.stdout)
-            print(f"CPU ms per cycle, median of {args.cycles} cycles (thread CPU time)")
-            for name in COMPONENTS:
-                print(f"  {name:<8} {result[name]:8.3f}")
-            print(f"  {'total':<8} {sum(result.values()):8.3f}")
         if args.only != "components":
             print(f"the agent: CPU over {args.window:g} s after {args.warmup:g} s, median of {args.repeats} (range)")
             agents(folder, args.window, args.warmup, args.repeats)
