@@ -6,11 +6,12 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_exporter.model import DeviceId, SeriesKey
+from gpu_exporter.model import DeviceId, Readings, Sample, SeriesKey
 from gpu_exporter.payload import types as fmt
 from gpu_exporter.payload._zdict import ZDICT, ZDICT_HEALTH, ZDICT_SUMMARY
 from gpu_exporter.payload.health import check_report, health_document
@@ -56,54 +57,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
     key_re = fmt.SUMMARY_KEY if batch.summary_ms else fmt.KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
-    devices: dict[DeviceId, dict[str, Any]] = {}
-    # per device, column index -> its values; with one sample (the spool's journal, one per cycle) the
-    # value itself, which is the column's constant form
-    columns: dict[DeviceId, dict[int, Any]] = {}
-    one = n == 1
-    for i, sample in enumerate(samples):
-        for dev in sample.devices:
-            entry = devices.get(dev.device)
-            if entry is None:
-                entry = {"id": _device_fields(dev.device), "up": [None] * n}
-                devices[dev.device] = entry
-                columns[dev.device] = {}
-            elif entry["up"][i] is not None:
-                raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
-            entry["up"][i] = 1 if dev.up else 0
-            if dev.info:
-                entry["info"] = dev.info  # the newest identity strings win
-            cols = columns[dev.device]
-            for series, value in dev.values.items():
-                idx = metric_index.get(series)
-                if idx is None:
-                    key, labels = series
-                    if not isinstance(key, str) or not key_re.match(key):
-                        raise ValueError(f"invalid metric key {key!r}")
-                    for label in labels:
-                        _check_text("label value", label)
-                    idx = metric_index[series] = len(metric_index)
-                if one:
-                    cols[idx] = float(value)
-                    continue
-                col = cols.get(idx)
-                if col is None:
-                    col = cols[idx] = [None] * n
-                col[i] = float(value)
-
-    out_devices = []
-    for device_id, entry in devices.items():
-        cols = columns[device_id]
-        if one:
-            entry["columns"] = [None if (v := cols.get(j)) is None else _constant(v) for j in range(len(metric_index))]
-        else:
-            entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
-        if "info" in entry:
-            entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
-            for k, v in entry["info"].items():
-                _check_text("info key", k)
-                _check_text("info value", v, allow_empty=True)
-        out_devices.append(entry)
+    one = _one_sample if n == 1 else _samples  # one sample: the spool's journal, one a cycle
+    out_devices = one(samples, metric_index, key_re)
 
     doc: dict[str, Any] = {
         "format": fmt.FORMAT,
@@ -124,6 +79,105 @@ def to_document(batch: Batch) -> dict[str, Any]:
     if batch.health:
         doc["health"] = health_document(batch)
     return doc
+
+
+def _samples(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], key_re: re.Pattern[str]) -> list[Any]:
+    """The devices of a batch, their columns in the version 3 forms (``metric_index`` filled in)."""
+    n = len(samples)
+    devices: dict[DeviceId, dict[str, Any]] = {}
+    columns: dict[DeviceId, dict[int, list[float | None]]] = {}
+    for i, sample in enumerate(samples):
+        for dev in sample.devices:
+            entry = devices.get(dev.device)
+            if entry is None:
+                entry = {"id": _device_fields(dev.device), "up": [None] * n}
+                devices[dev.device] = entry
+                columns[dev.device] = {}
+            elif entry["up"][i] is not None:
+                raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
+            entry["up"][i] = 1 if dev.up else 0
+            if dev.info:
+                entry["info"] = dev.info  # the newest identity strings win
+            cols = columns[dev.device]
+            for series, value in dev.values.items():
+                idx = metric_index.get(series)
+                if idx is None:
+                    _check_series(series, key_re)
+                    idx = metric_index[series] = len(metric_index)
+                col = cols.get(idx)
+                if col is None:
+                    col = cols[idx] = [None] * n
+                col[i] = float(value)
+    out = []
+    for device_id, entry in devices.items():
+        cols = columns[device_id]
+        entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
+        out.append(_checked_info(entry))
+    return out
+
+
+def _one_sample(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], key_re: re.Pattern[str]) -> list[Any]:
+    """``_samples`` for a batch of one sample (the spool's journal: one a cycle), faster: each column
+    is a constant, its value, placed at once (the same document)."""
+    safe = fmt.SAFE_INT
+    copysign, isfinite = math.copysign, math.isfinite
+    sample = samples[0]
+    rows: list[tuple[dict[str, Any], list[int], list[Any]]] = []
+    seen: set[DeviceId] = set()
+    for dev in sample.devices:
+        if dev.device in seen:
+            raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
+        seen.add(dev.device)
+        values = dev.values
+        if isinstance(values, Readings):
+            keys, numbers = values.keys_tuple, values.numbers()
+        else:
+            keys, numbers = tuple(values), tuple(float(v) for v in values.values())
+        where = []
+        for series in keys:
+            idx = metric_index.get(series)
+            if idx is None:
+                _check_series(series, key_re)
+                idx = metric_index[series] = len(metric_index)
+            where.append(idx)
+        # _constant, written out: an integer where it is one (not -0.0), else the value as written
+        constants = [
+            int(v)
+            if v.is_integer() and 0.0 <= v < safe and (v or copysign(1.0, v) > 0)
+            else v
+            if isfinite(v)
+            else json_value(v)
+            for v in numbers
+        ]
+        entry: dict[str, Any] = {"id": _device_fields(dev.device), "up": [1 if dev.up else 0]}
+        if dev.info:
+            entry["info"] = dev.info
+        rows.append((entry, where, constants))
+    out = []
+    for entry, where, constants in rows:
+        cols: list[Any] = [None] * len(metric_index)
+        for idx, constant in zip(where, constants, strict=True):
+            cols[idx] = constant
+        entry["columns"] = cols
+        out.append(_checked_info(entry))
+    return out
+
+
+def _check_series(series: SeriesKey, key_re: re.Pattern[str]) -> None:
+    key, labels = series
+    if not isinstance(key, str) or not key_re.match(key):
+        raise ValueError(f"invalid metric key {key!r}")
+    for label in labels:
+        _check_text("label value", label)
+
+
+def _checked_info(entry: dict[str, Any]) -> dict[str, Any]:
+    if "info" in entry:
+        entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
+        for k, v in entry["info"].items():
+            _check_text("info key", k)
+            _check_text("info value", v, allow_empty=True)
+    return entry
 
 
 def _check_text(what: str, value: object, allow_empty: bool = False) -> None:

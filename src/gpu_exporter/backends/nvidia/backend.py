@@ -442,8 +442,8 @@ class NvmlBackend:
             self._simple(device, v, "clocks")
             reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons", h)
             if reasons is not None:
-                for bit, key in _REASON_KEYS:
-                    v[key] = 1.0 if reasons & bit else 0.0
+                for bit, reason_key in _REASON_KEYS:
+                    v[reason_key] = 1.0 if reasons & bit else 0.0
             read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
             self._simple(device, v, "fan")
