@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
@@ -133,11 +134,15 @@ def _one_sample(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], k
             keys, numbers = values.keys_tuple, values.numbers()
         else:
             keys, numbers = tuple(values), tuple(float(v) for v in values.values())
+        checked = values.memo.setdefault("payload_keys", set()) if isinstance(values, Readings) else set()
+        if key_re not in checked:  # a key set is checked once (per key pattern), not every cycle
+            for series in keys:
+                _check_series(series, key_re)
+            checked.add(key_re)
         where = []
         for series in keys:
             idx = metric_index.get(series)
             if idx is None:
-                _check_series(series, key_re)
                 idx = metric_index[series] = len(metric_index)
             where.append(idx)
         # _constant, written out: an integer where it is one (not -0.0), else the value as written
@@ -149,7 +154,7 @@ def _one_sample(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], k
             else json_value(v)
             for v in numbers
         ]
-        entry: dict[str, Any] = {"id": _device_fields(dev.device), "up": [1 if dev.up else 0]}
+        entry: dict[str, Any] = {"id": _id_cached(dev.device), "up": [1 if dev.up else 0]}
         if dev.info:
             entry["info"] = dev.info
         rows.append((entry, where, constants))
@@ -159,7 +164,43 @@ def _one_sample(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], k
         for idx, constant in zip(where, constants, strict=True):
             cols[idx] = constant
         entry["columns"] = cols
-        out.append(_checked_info(entry))
+        if "info" in entry:
+            entry["info"] = _info_cached(entry["info"])
+        out.append(entry)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _id_items(device: DeviceId) -> tuple[tuple[str, str], ...]:
+    return tuple(_device_fields(device).items())
+
+
+@functools.lru_cache(maxsize=1024)
+def _info_items(items: tuple[tuple[Any, Any], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(_info_fields(dict(items)).items())
+
+
+def _id_cached(device: DeviceId) -> dict[str, str]:
+    """``_device_fields``, checked once per device identity (a copy: the document's own)."""
+    try:
+        return dict(_id_items(device))
+    except TypeError:  # a field that is not hashable: refused the long way
+        return _device_fields(device)
+
+
+def _info_cached(info: dict[str, Any]) -> dict[str, str]:
+    """``_info_fields``, checked once per set of identity strings (a copy: the document's own)."""
+    try:
+        return dict(_info_items(tuple(info.items())))
+    except TypeError:
+        return _info_fields(info)
+
+
+def _info_fields(info: dict[str, Any]) -> dict[str, str]:
+    out = {str(k): str(v) for k, v in info.items()}
+    for k, v in out.items():
+        _check_text("info key", k)
+        _check_text("info value", v, allow_empty=True)
     return out
 
 
@@ -173,10 +214,7 @@ def _check_series(series: SeriesKey, key_re: re.Pattern[str]) -> None:
 
 def _checked_info(entry: dict[str, Any]) -> dict[str, Any]:
     if "info" in entry:
-        entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
-        for k, v in entry["info"].items():
-            _check_text("info key", k)
-            _check_text("info value", v, allow_empty=True)
+        entry["info"] = _info_fields(entry["info"])
     return entry
 
 
