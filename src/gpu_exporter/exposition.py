@@ -48,6 +48,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_PREFIXES_MAX = 200_000  # series lines a view remembers (one node serves a few thousand)
 
 
 def escape(value: str) -> str:
@@ -111,6 +112,9 @@ class View:
     info_labels: Callable[[DeviceId, dict[str, str]], str]
     # copies of a device's series, one per pod sharing it (--k8s.virtual-gpus); None or []: one series
     splits: Callable[[DeviceSample], Sequence[Split]] | None = None
+    # (device labels, family, constant labels, dynamic label values) -> the line up to its value: the
+    # same series are rendered for every page, so each line's name and labels are escaped and joined once
+    prefixes: dict[tuple[str, str, str, tuple[str, ...]], str] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _native_device_labels(device: DeviceId, info: dict[str, str]) -> str:
@@ -179,6 +183,9 @@ def render(sample: Sample, view: View) -> str:
     if info_lines and view.info is not None:
         out.append(view.info.header)
         out.extend(info_lines)
+    prefixes = view.prefixes
+    if len(prefixes) > _PREFIXES_MAX:  # devices, pods or label values that came and went: start afresh
+        prefixes.clear()
     for fam in view.families:
         lines: list[str] = []
         name = fam.name
@@ -188,8 +195,12 @@ def render(sample: Sample, view: View) -> str:
                 if not entries:
                     continue
                 for dynamic, value in entries:
-                    extra = "".join(f',{n}="{escape(v)}"' for n, v in zip(series.dynamic, dynamic, strict=False))
-                    lines.append(f"{name}{{{labels}{series.const}{extra}}} {fmt(value * series.scale)}\n")
+                    where = (labels, name, series.const, dynamic)
+                    prefix = prefixes.get(where)
+                    if prefix is None:
+                        extra = "".join(f',{n}="{escape(v)}"' for n, v in zip(series.dynamic, dynamic, strict=False))
+                        prefix = prefixes[where] = f"{name}{{{labels}{series.const}{extra}}} "
+                    lines.append(f"{prefix}{fmt(value * series.scale)}\n")
         if lines:
             out.append(fam.header)
             out.extend(lines)
