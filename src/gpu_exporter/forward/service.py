@@ -2,7 +2,10 @@
 
 Everything runs on one thread (paho's network loop included), so the spool and the in-flight table
 need no lock. Per loop turn: take new samples from the ring (journaling each), close the open batch when
-it is due, connect when a retry is due, publish while the in-flight window has room, read PUBACKs.
+it is due, connect when a retry is due, publish while the in-flight window has room, read PUBACKs. A
+turn waits up to 0.1 s on the socket; a quiet one (connected, nothing awaited or waiting to go) waits up
+to 0.5 s on the ring instead, so that a new sample still starts the next turn at once but an idle
+forwarder does not turn ten times a second.
 
 Order after an outage: on reconnect the open batch is closed at once and sent first (dashboards are
 current immediately); the backlog then drains oldest first at ``--spool.replay-rate`` batches per
