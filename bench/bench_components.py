@@ -24,8 +24,9 @@ machine is shared and its load varies.
    the agent counted in the window, from two scrapes of gpu_exporter_collects_total). Median of --repeats.
 
 With --against DIR (a checkout of another commit, e.g. ``git worktree add DIR main`` or ``git archive``),
-the components of both trees are measured alternately, --rounds times each, so that both meet the
-same load; the agent part always runs this tree.
+the components of both trees are measured alternately, --rounds times each, and so are the agents
+(this tree's and the other's one after the other, --repeats times per case), so that both meet the
+same load.
 
 Usage: python bench/bench_components.py [--cycles 200] [--rounds 1] [--against DIR] [--window 30]
        [--warmup 8] [--repeats 3] [--only components|agent]
@@ -193,7 +194,7 @@ def _collects(port: int) -> int:
     return 0 if match is None else int(float(match.group(1)))  # none before the first sample
 
 
-def agent(folder: Path, interval: str, mqtt: str, window: float, warmup: float) -> tuple[float, float]:
+def agent(folder: Path, interval: str, mqtt: str, window: float, warmup: float, src: str = "") -> tuple[float, float]:
     """(% of one core, CPU ms per cycle) of one agent run."""
     from tests.support import free_port, stop_process, wait_until
 
@@ -211,7 +212,7 @@ def agent(folder: Path, interval: str, mqtt: str, window: float, warmup: float) 
     spool = folder / f"spool-{time.monotonic_ns()}"
     if mqtt:
         args += [f"--mqtt.url={mqtt}", f"--spool.dir={spool}"]
-    proc = subprocess.Popen(args, env=_env(folder), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    proc = subprocess.Popen(args, env=_env(folder, src), cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
         wait_until(lambda: _collects(port) > 0, 30, "the agent's first sample")
         time.sleep(warmup)
@@ -224,22 +225,29 @@ def agent(folder: Path, interval: str, mqtt: str, window: float, warmup: float) 
     return 100 * (cpu1 - cpu0) / window, 1000 * (cpu1 - cpu0) / max(1, n1 - n0)
 
 
-def agents(folder: Path, window: float, warmup: float, repeats: int) -> None:
+def agents(folder: Path, window: float, warmup: float, repeats: int, against: str = "") -> None:
+    """Each case --repeats times; with ``against``, that checkout's agent too, alternately with this one's."""
     from tests.support.tsdb import MosquittoServer
 
+    trees = [("this tree", "")] + ([("against", str(Path(against).resolve() / "src"))] if against else [])
     broker = MosquittoServer(folder / "mosquitto")
     broker.start()
     try:
-        print(f"{'interval':>8} {'forwarding':>10} {'% of a core':>18} {'CPU ms per cycle':>18}")
+        print(f"{'interval':>8} {'forwarding':>10} {'tree':>10} {'% of a core':>18} {'CPU ms per cycle':>18}")
         for interval in ("1s", "100ms"):
             for mqtt in ("", broker.url):
-                runs = [agent(folder, interval, mqtt, window, warmup) for _ in range(repeats)]
-                pct = [r[0] for r in runs]
-                per = [r[1] for r in runs]
-                print(
-                    f"{interval:>8} {'yes' if mqtt else 'no':>10} {_figure(pct, 2):>18} {_figure(per, 2):>18}",
-                    flush=True,
-                )
+                runs: dict[str, list[tuple[float, float]]] = {label: [] for label, _ in trees}
+                for _ in range(repeats):
+                    for label, src in trees:
+                        runs[label].append(agent(folder, interval, mqtt, window, warmup, src))
+                for label, _ in trees:
+                    pct = [r[0] for r in runs[label]]
+                    per = [r[1] for r in runs[label]]
+                    print(
+                        f"{interval:>8} {'yes' if mqtt else 'no':>10} {label:>10} {_figure(pct, 2):>18}"
+                        f" {_figure(per, 2):>18}",
+                        flush=True,
+                    )
     finally:
         broker.stop()
 
@@ -259,7 +267,7 @@ def main() -> int:
     parser.add_argument("--only", choices=("components", "agent"), help="one part only")
     parser.add_argument("--rounds", type=int, default=1, help="component runs (default %(default)s)")
     parser.add_argument(
-        "--against", metavar="DIR", help="also a checkout of another commit (its src/), alternately with this tree"
+        "--against", metavar="DIR", help="also a checkout of another commit (its src/), alternately with this one"
     )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -278,7 +286,7 @@ def main() -> int:
                 return 1
         if args.only != "components":
             print(f"the agent: CPU over {args.window:g} s after {args.warmup:g} s, median of {args.repeats} (range)")
-            agents(folder, args.window, args.warmup, args.repeats)
+            agents(folder, args.window, args.warmup, args.repeats, args.against or "")
     print(f"load average after: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
     return 0
 
