@@ -1,8 +1,9 @@
-"""The Prometheus page: rendered once per sample, served as stored bytes (and pre-gzipped).
+"""The Prometheus page: rendered at most once per sample, by the first scrape after it, and served as
+stored bytes (gzip-compressed once, when a client first asks for gzip).
 
-A scrape never calls a vendor library and never renders: it copies a reference under a lock and
-writes bytes (but for a stale sampler, whose page is the agent's own metrics alone, made at most once a
-second). Device metrics are rendered by a catalog-driven renderer through a ``View`` (which names
+A scrape never calls a vendor library: it renders the newest sample at most once, and every further
+scrape of that sample copies a reference under a lock and writes bytes (a stale sampler's page is the
+agent's own metrics alone, made at most once a second). Device metrics are rendered by a catalog-driven renderer through a ``View`` (which names
 and scales each catalog key); the agent's own metrics come from a prometheus_client registry whose
 collectors build families fresh from live state.
 """
@@ -47,6 +48,7 @@ __all__ = [
 log = logging.getLogger(__name__)
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+_PREFIXES_MAX = 200_000  # series lines a view remembers (one node serves a few thousand)
 
 
 def escape(value: str) -> str:
@@ -110,6 +112,9 @@ class View:
     info_labels: Callable[[DeviceId, dict[str, str]], str]
     # copies of a device's series, one per pod sharing it (--k8s.virtual-gpus); None or []: one series
     splits: Callable[[DeviceSample], Sequence[Split]] | None = None
+    # (device labels, family, constant labels, dynamic label values) -> the line up to its value: the
+    # same series are rendered for every page, so each line's name and labels are escaped and joined once
+    prefixes: dict[tuple[str, str, str, tuple[str, ...]], str] = field(default_factory=dict, compare=False, repr=False)
 
 
 def _native_device_labels(device: DeviceId, info: dict[str, str]) -> str:
@@ -178,6 +183,9 @@ def render(sample: Sample, view: View) -> str:
     if info_lines and view.info is not None:
         out.append(view.info.header)
         out.extend(info_lines)
+    prefixes = view.prefixes
+    if len(prefixes) > _PREFIXES_MAX:  # devices, pods or label values that came and went: start afresh
+        prefixes.clear()
     for fam in view.families:
         lines: list[str] = []
         name = fam.name
@@ -187,8 +195,12 @@ def render(sample: Sample, view: View) -> str:
                 if not entries:
                     continue
                 for dynamic, value in entries:
-                    extra = "".join(f',{n}="{escape(v)}"' for n, v in zip(series.dynamic, dynamic, strict=False))
-                    lines.append(f"{name}{{{labels}{series.const}{extra}}} {fmt(value * series.scale)}\n")
+                    where = (labels, name, series.const, dynamic)
+                    prefix = prefixes.get(where)
+                    if prefix is None:
+                        extra = "".join(f',{n}="{escape(v)}"' for n, v in zip(series.dynamic, dynamic, strict=False))
+                        prefix = prefixes[where] = f"{name}{{{labels}{series.const}{extra}}} "
+                    lines.append(f"{prefix}{fmt(value * series.scale)}\n")
         if lines:
             out.append(fam.header)
             out.extend(lines)
@@ -280,8 +292,35 @@ class AgentCollector:
 Section = Callable[[], str]
 
 
+class _Page:
+    """One sample's page: the text made once, its gzip and OpenMetrics forms once a client asks for them."""
+
+    __slots__ = ("_gzip", "_om", "plain")
+
+    def __init__(self, plain: bytes) -> None:
+        self.plain = plain
+        self._gzip: bytes | None = None
+        self._om: tuple[bytes, bytes] | None = None
+
+    def gzip(self) -> bytes:
+        if self._gzip is None:
+            self._gzip = gzip.compress(self.plain, compresslevel=6, mtime=0)
+        return self._gzip
+
+    def openmetrics(self) -> tuple[bytes, bytes]:
+        if self._om is None:
+            self._om = _openmetrics(self.plain)
+        return self._om
+
+
 class Exposition:
-    """Holds the current page; ``update`` is the sampler's listener."""
+    """Holds the current page; ``update`` is the sampler's listener.
+
+    The page of a sample is made by the first scrape that comes after it (once, however many scrapes
+    follow; a second scrape meanwhile waits for the first one's page), not by the sampler: at a 100 ms
+    interval and a 15 s scrape interval the sampler would otherwise render, and compress, 150 pages for
+    each one served. A scrape still never calls a vendor library: it renders the newest sample.
+    """
 
     def __init__(
         self,
@@ -297,15 +336,17 @@ class Exposition:
         self.stale = stale  # the sampler's stale(): while True, serve the agent's own metrics alone
         self._stale_lock = threading.Lock()
         self._stale_page: tuple[float, bytes, bytes] | None = None  # (monotonic made, plain, gzip)
-        self._lock = threading.Lock()
-        self._plain = b""
-        self._gzip = gzip.compress(b"")
+        self._lock = threading.Lock()  # the newest sample and its page, when made
+        self._make_lock = threading.Lock()  # one scrape makes a page; the others wait for it
         self.last_sample: Sample | None = None
-        # OpenMetrics: (plain, gzip) of the current page, made once a client has asked for it
-        self._om: tuple[bytes, bytes] | None = None
-        self.openmetrics_asked = False
+        self._made: _Page | None = None  # the page of last_sample, once a scrape has asked for it
+        self._good = _Page(b"")  # the last page made (served again when making a page fails)
 
     def update(self, sample: Sample) -> None:
+        with self._lock:
+            self.last_sample, self._made = sample, None
+
+    def _make(self, sample: Sample) -> bytes:
         parts = [render(sample, self.view)]
         for section in self.sections:
             try:
@@ -313,18 +354,41 @@ class Exposition:
             except Exception:
                 log.exception("a metrics section failed to render")
         parts.append(generate_latest(self._served).decode("utf-8"))
-        plain = "".join(parts).encode("utf-8")
-        packed = gzip.compress(plain, compresslevel=6, mtime=0)
-        om = _openmetrics(plain) if self.openmetrics_asked else None
+        return "".join(parts).encode("utf-8")
+
+    def _current(self) -> _Page:
+        """The newest sample's page, made now if no scrape has asked for it yet."""
         with self._lock:
-            self._plain, self._gzip, self.last_sample, self._om = plain, packed, sample, om
+            made = self._made
+        if made is not None:
+            return made
+        with self._make_lock:
+            with self._lock:
+                made, sample = self._made, self.last_sample
+            if made is not None:
+                return made
+            if sample is None:
+                return self._good
+            try:
+                made = _Page(self._make(sample))
+            except Exception:  # a bug: the last page made goes on being served, and the log says why
+                log.exception("rendering the page failed; the previous page is served")
+                return self._good
+            with self._lock:
+                if self.last_sample is sample:
+                    self._made = made
+            self._good = made
+            return made
 
     def page(self, accept_gzip: bool) -> bytes:
         if self.stale is not None and self.stale():
             plain, packed = self._stale()
             return packed if accept_gzip else plain
-        with self._lock:
-            return self._gzip if accept_gzip else self._plain
+        page = self._current()
+        if not accept_gzip:
+            return page.plain
+        with self._make_lock:
+            return page.gzip()
 
     def _stale(self) -> tuple[bytes, bytes]:
         """The page of a stale sampler: no GPU series (its values are old; absent, Prometheus marks them
@@ -338,19 +402,13 @@ class Exposition:
             return made[1], made[2]
 
     def openmetrics_page(self, accept_gzip: bool) -> bytes:
-        """The page in OpenMetrics. Made with each page from the first request on (until then nobody
-        pays for it); the first request makes it from the current page."""
-        self.openmetrics_asked = True
+        """The page in OpenMetrics, made from the text page once per sample, when a client asks."""
         if self.stale is not None and self.stale():
             text = _openmetrics(self._stale()[0])
             return text[1] if accept_gzip else text[0]
-        with self._lock:
-            plain, om = self._plain, self._om
-        if om is None:
-            om = _openmetrics(plain)
-            with self._lock:
-                if self._plain is plain:
-                    self._om = om
+        page = self._current()
+        with self._make_lock:
+            om = page.openmetrics()
         return om[1] if accept_gzip else om[0]
 
     def negotiate(self, accept: str | None) -> tuple[Callable[[bool], bytes], str]:

@@ -28,14 +28,15 @@ from __future__ import annotations
 import hashlib
 import logging
 import math
+import operator
 import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from prometheus_client.core import CounterMetricFamily, Metric
 
 from gpu_exporter import catalog
-from gpu_exporter.model import DeviceId, DeviceSample, Sample, SeriesKey
+from gpu_exporter.model import DeviceId, DeviceSample, Readings, Sample, SeriesKey
 
 __all__ = ["MAX_INFO_KEYS", "MAX_NAME", "MAX_VALUE", "SampleBounds", "bound_value"]
 
@@ -96,6 +97,26 @@ def _name_problem(key: str) -> str:
     return ""
 
 
+_HELD_MAX = 4096  # devices whose counters are held as a tuple (far more than a node has)
+
+
+class _Facts:
+    """What the bounds need of a key set, worked out once per key set (``Readings.memo``)."""
+
+    __slots__ = ("counter_keys", "counters", "labels_short")
+
+    def __init__(self, keys: tuple[SeriesKey, ...]) -> None:
+        # no label value long enough that it might need cutting (only then can one be over MAX_VALUE bytes)
+        self.labels_short = all(len(v) <= MAX_VALUE // 4 for _, labels in keys for v in labels)
+        where = [i for i, (key, _) in enumerate(keys) if key in _COUNTERS]
+        self.counter_keys = tuple(keys[i] for i in where)
+        pick = operator.itemgetter(*where) if where else None
+        # the counters' values, in the order of counter_keys
+        self.counters: Callable[[tuple[float, ...]], tuple[float, ...]] = (
+            (lambda numbers: ()) if pick is None else (lambda numbers: (pick(numbers),)) if len(where) == 1 else pick
+        )
+
+
 class SampleBounds:
     """Bounds one sample after another (the sampler's thread); counts what it changed."""
 
@@ -106,6 +127,9 @@ class SampleBounds:
         self.resets: dict[str, int] = {}  # metric -> counters that went backwards
         self._said: set[tuple[str, str]] = set()
         self._counters: dict[tuple[str, SeriesKey], float] = {}  # (device uuid, series) -> last value
+        # device uuid -> (its key set, its counters' last values, their keys): the counters of a device whose
+        # key set stays the same, as one tuple (they are in _counters only while not held here)
+        self._held: dict[str, tuple[tuple[SeriesKey, ...], tuple[float, ...], tuple[SeriesKey, ...]]] = {}
         self._good_keys: set[str] = set()  # info keys already found valid
 
     def apply(self, sample: Sample) -> Sample:
@@ -117,6 +141,18 @@ class SampleBounds:
     def _device(self, ds: DeviceSample) -> DeviceSample:
         device = self._device_id(ds.device)
         info = self._info(ds.info)
+        values = ds.values
+        if isinstance(values, Readings):
+            facts: _Facts | None = values.memo.get("bounds")
+            if facts is None:
+                facts = values.memo["bounds"] = _Facts(values.keys_tuple)
+            numbers = values.numbers()
+            if facts.labels_short and math.isfinite(sum(numbers)):  # nothing to drop or cut: the common case
+                self._watch_counters(device.uuid, values.keys_tuple, facts, numbers)
+                if device is ds.device and info is ds.info:
+                    return ds
+                return DeviceSample(device, ds.up, values, info, ds.processes)
+        self._flush(device.uuid)  # the series below are watched one by one
         changed = False
         kept: list[tuple[SeriesKey, float]] = []
         for series, value in ds.values.items():
@@ -174,24 +210,50 @@ class SampleBounds:
             out[key] = bounded
         return out if out != info else info
 
+    def _watch_counters(
+        self, uuid: str, keys: tuple[SeriesKey, ...], facts: _Facts, numbers: tuple[float, ...]
+    ) -> None:
+        """``_watch_counter`` for every counter of a device, at once: the device's counters are kept as one
+        tuple while its key set stays the same (every cycle but when a reading comes or goes)."""
+        now = facts.counters(numbers)
+        held = self._held.get(uuid)
+        if held is not None and held[0] is keys:
+            if any(map(operator.lt, now, held[1])):  # a counter went backwards
+                for series, value, last in zip(facts.counter_keys, now, held[1], strict=True):
+                    if value < last:
+                        self._reset(uuid, series, last, value)
+        else:
+            self._flush(uuid)
+            for series, value in zip(facts.counter_keys, now, strict=True):
+                before = self._counters.pop((uuid, series), None)
+                if before is not None and value < before:
+                    self._reset(uuid, series, before, value)
+            if len(self._held) >= _HELD_MAX:  # devices that came and went: start afresh
+                self._held.clear()
+                self._counters.clear()
+        self._held[uuid] = (keys, now, facts.counter_keys)
+
+    def _flush(self, uuid: str) -> None:
+        """The device's counters held as a tuple back into ``_counters``, one by one."""
+        held = self._held.pop(uuid, None)
+        if held is not None:
+            self._counters.update(((uuid, series), value) for series, value in zip(held[2], held[1], strict=True))
+
     def _watch_counter(self, uuid: str, series: SeriesKey, value: float) -> None:
         slot = (uuid, series)
         last = self._counters.get(slot)
         self._counters[slot] = value
         if last is not None and value < last:
-            with self._lock:
-                self.resets[series[0]] = self.resets.get(series[0], 0) + 1
-            self._say(
-                series[0],
-                "reset",
-                "counter %s of %s went from %s to %s: sent as a restart",
-                series[0],
-                uuid,
-                last,
-                value,
-            )
+            self._reset(uuid, series, last, value)
         if len(self._counters) > 100_000:  # devices that came and went: start afresh
             self._counters.clear()
+
+    def _reset(self, uuid: str, series: SeriesKey, last: float, value: float) -> None:
+        with self._lock:
+            self.resets[series[0]] = self.resets.get(series[0], 0) + 1
+        self._say(
+            series[0], "reset", "counter %s of %s went from %s to %s: sent as a restart", series[0], uuid, last, value
+        )
 
     def _drop(self, key: str, reason: str) -> None:
         with self._lock:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import struct
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["DeviceId", "DeviceSample", "ProcessUsage", "Readings", "Sample", "SeriesKey"]
 
@@ -18,12 +19,13 @@ SeriesKey = tuple[str, tuple[str, ...]]
 class _Schema:
     """The ordered series keys of a device, shared by every sample in which they are the same."""
 
-    __slots__ = ("index", "keys", "packing")
+    __slots__ = ("index", "keys", "memo", "packing")
 
     def __init__(self, keys: tuple[SeriesKey, ...]) -> None:
         self.keys = keys
         self.index = {key: i for i, key in enumerate(keys)}
         self.packing = struct.Struct(f"={len(keys)}d")  # the values as doubles, native order, no padding
+        self.memo: dict[str, Any] = {}  # what readers work out from the keys alone (Readings.memo)
 
 
 _DOUBLE = struct.Struct("=d")
@@ -73,6 +75,22 @@ class Readings(Mapping[SeriesKey, float]):
 
     def items(self) -> Iterator[tuple[SeriesKey, float]]:  # type: ignore[override]
         return zip(self._schema.keys, self._schema.packing.unpack(self._values), strict=True)
+
+    @property
+    def keys_tuple(self) -> tuple[SeriesKey, ...]:
+        """The keys in order: one object shared by every Readings with the same keys."""
+        return self._schema.keys
+
+    def numbers(self) -> tuple[float, ...]:
+        """The values in the order of ``keys_tuple``."""
+        return self._schema.packing.unpack(self._values)
+
+    @property
+    def memo(self) -> dict[str, Any]:
+        """A dict shared by every Readings with the same keys in the same order, for what a reader works
+        out from the keys alone (which are counters, whether a label needs bounding) once per key set
+        instead of once per value and cycle. Each reader keeps its entry under a name of its own."""
+        return self._schema.memo
 
     def __eq__(self, other: object) -> bool:
         if isinstance(other, Mapping):

@@ -1,7 +1,7 @@
 """OpenMetrics 1.0 for the clients that ask for it (``Accept: application/openmetrics-text``, which
 Prometheus sends first by default).
 
-The agent's page is rendered once per sample in the Prometheus text format; ``convert`` turns that text
+The agent's page is made once per sample scraped, in the Prometheus text format; ``convert`` turns that text
 into OpenMetrics by rewriting metadata lines only (sample lines are the same in both formats): a
 counter's family drops the ``_total`` its samples keep, ``untyped`` becomes ``unknown``, a double quote
 in HELP is escaped, and the page ends with ``# EOF``.

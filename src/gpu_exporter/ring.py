@@ -53,7 +53,19 @@ class RingBuffer:
         out = items[start:] if limit is None else items[start : start + limit]
         return out, missed
 
-    def wait_after(self, seq: int, timeout: float) -> bool:
-        """Block until a sample newer than ``seq`` exists or ``timeout`` passes; True if one exists."""
+    def wait_after(self, seq: int, timeout: float, interrupt: threading.Event | None = None) -> bool:
+        """Block until a sample newer than ``seq`` exists, ``timeout`` passes or ``interrupt`` is set (and
+        ``wake`` called); True if a newer sample exists."""
         with self._cond:
-            return self._cond.wait_for(lambda: bool(self._items) and self._items[-1].seq > seq, timeout)
+            self._cond.wait_for(
+                lambda: (
+                    (bool(self._items) and self._items[-1].seq > seq) or (interrupt is not None and interrupt.is_set())
+                ),
+                timeout,
+            )
+            return bool(self._items) and self._items[-1].seq > seq
+
+    def wake(self) -> None:
+        """Have every ``wait_after`` look at its ``interrupt`` now."""
+        with self._cond:
+            self._cond.notify_all()

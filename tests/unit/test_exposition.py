@@ -133,3 +133,22 @@ def test_client_reset_is_not_a_traceback(capfd: pytest.CaptureFixture[str]) -> N
     finally:
         server.stop()
     assert "Traceback" not in capfd.readouterr().err
+
+
+def test_a_page_is_made_once_per_sample_and_only_when_scraped() -> None:
+    """At a 100 ms interval most samples are never scraped: rendering each one (and compressing it) was
+    work per cycle that only a scrape needs. Here a page is made for the newest sample, by the first
+    scrape after it, once, however many scrapes follow."""
+    made: list[int] = []
+    exposition = Exposition(CollectorRegistry(), native_view(), [lambda: made.append(1) or ""])
+    for seq in range(1, 11):
+        sample = fixed_sample(mig=0)
+        exposition.update(Sample(seq, sample.timestamp, sample.devices[:1] if seq < 10 else sample.devices))
+    assert made == []  # ten samples, no scrape: no page made
+    plain = exposition.page(False)
+    assert gzip.decompress(exposition.page(True)) == plain == exposition.page(False)
+    assert made == [1]
+    assert plain.count(b"gpu_up{") == 2  # the newest sample's two GPUs, not the first sample's one
+    exposition.update(fixed_sample(mig=0))
+    exposition.page(True)
+    assert made == [1, 1]

@@ -90,6 +90,28 @@ def test_nan_and_inf_are_dropped_and_counted_and_a_counter_going_back_is_sent_an
     assert counts["gpu_exporter_counter_resets_total{metric=energy}"] == 1
 
 
+def test_a_counter_going_back_is_counted_whatever_came_between() -> None:
+    """A counter is compared with its last value however the samples between differed: the same readings
+    (the common case), a reading gone or back, a value dropped, several counters going back at once."""
+    bounds = SampleBounds()
+    energy, replay, power, xid = ("energy", ()), ("pcie_replay", ()), ("power", ()), ("xid_errors", ("79",))
+    steps: list[dict[tuple[str, tuple[str, ...]], float]] = [
+        {power: 1.0, energy: 100.0, replay: 7.0, xid: 0.0},
+        {power: 2.0, energy: 110.0, replay: 7.0, xid: 0.0},  # the same readings, the counters up
+        {power: 2.0, energy: 120.0},  # two readings gone
+        {power: 3.0, energy: 115.0, replay: 6.0, xid: 0.0},  # back, lower than when they left: 3 resets
+        {power: float("nan"), energy: 116.0, replay: 6.0, xid: 0.0},  # a value dropped
+        {power: 3.0, energy: 90.0, replay: 5.0, xid: 0.0},  # 2 resets
+        {power: 3.0, energy: 95.0, replay: 5.0, xid: 0.0},
+    ]
+    for seq, values in enumerate(steps, 1):
+        assert bounds.apply(_sample(seq, values, {})).devices[0].values == {k: v for k, v in values.items() if v == v}
+    counts = _counts(bounds)
+    assert counts["gpu_exporter_counter_resets_total{metric=energy}"] == 2
+    assert counts["gpu_exporter_counter_resets_total{metric=pcie_replay}"] == 2
+    assert "gpu_exporter_counter_resets_total{metric=xid_errors}" not in counts
+
+
 def test_a_sample_within_bounds_is_passed_on_untouched() -> None:
     bounds = SampleBounds()
     sample = _sample(1, {("power", ()): 1.0}, {"name": "A100", "serial": "123"})

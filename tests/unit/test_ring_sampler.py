@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections import Counter
 
 import pytest
@@ -81,6 +82,22 @@ class SlowBackend:
         return True
 
     def close(self) -> None: ...
+
+
+def test_a_wait_for_the_next_sample_ends_when_its_interrupt_is_set_and_the_ring_woken() -> None:
+    """The forwarder's quiet turn waits on the ring for the next sample; stopping it must not wait that out."""
+    ring = RingBuffer(4)
+    stop = threading.Event()
+    answers: list[bool] = []
+    waiter = threading.Thread(target=lambda: answers.append(ring.wait_after(0, 60.0, stop)))
+    waiter.start()
+    stop.set()
+    ring.wake()
+    waiter.join(10.0)
+    assert not waiter.is_alive() and answers == [False]  # no sample came
+    assert ring.wait_after(0, 60.0, stop) is False  # set already: no wait at all
+    ring.append(Sample(1, 1.0, ()))
+    assert ring.wait_after(0, 0.0, stop) is True
 
 
 def test_overrunning_cycles_skip_ticks_instead_of_bunching() -> None:

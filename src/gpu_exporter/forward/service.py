@@ -2,7 +2,10 @@
 
 Everything runs on one thread (paho's network loop included), so the spool and the in-flight table
 need no lock. Per loop turn: take new samples from the ring (journaling each), close the open batch when
-it is due, connect when a retry is due, publish while the in-flight window has room, read PUBACKs.
+it is due, connect when a retry is due, publish while the in-flight window has room, read PUBACKs. A
+turn waits up to 0.1 s on the socket; a quiet one (connected, nothing awaited or waiting to go) waits up
+to 0.5 s on the ring instead, so that a new sample still starts the next turn at once but an idle
+forwarder does not turn ten times a second.
 
 Order after an outage: on reconnect the open batch is closed at once and sent first (dashboards are
 current immediately); the backlog then drains oldest first at ``--spool.replay-rate`` batches per
@@ -65,6 +68,9 @@ MAX_GROWTH = 16  # batch span multiplier reached during a long outage
 WINDOW = 16  # batches in flight at once (paho's max_inflight is set to the same)
 _HOUSEKEEPING = 1.0  # seconds between cap checks and gauge updates
 _TURN = 0.1  # longest wait of one loop turn
+# longest wait of a quiet turn (link up, nothing awaited or to send): it waits for the next sample, not on
+# the socket, so an idle forwarder turns twice a second, not ten times (each turn took 0.3 ms of CPU)
+_QUIET_TURN = 0.5
 _GRACE = 120.0  # seconds without a broker connection before forwarding counts as not working
 _LOG_EVERY = 60.0
 
@@ -144,6 +150,7 @@ class Forwarder(Sender):
     def stop(self, timeout: float = 5.0) -> None:
         """Close the open batch into the spool, give in-flight batches a moment, say offline, disconnect."""
         self._stop.set()
+        self.ring.wake()  # a quiet turn waits on the ring
         if self._thread is not None:
             self._thread.join(timeout)
 
@@ -258,12 +265,36 @@ class Forwarder(Sender):
             self.reports.make(now, adaptive.emitted)
         self.meter.tcp_rto = self.link.tcp_rto()
         self.link.pace_cap = self.meter.packet_cap()
-        self.link.step(timeout=0.0 if self._sendable() else _TURN)
+        sendable = self._sendable()
+        quiet = not sendable and self._quiet()
+        self.link.step(timeout=0.0 if sendable or quiet else _TURN)
         if self.link.up:
             self._send()
         if self.link.state == "down":
             wait = min(_TURN, self.link.wait_hint() or _TURN, self._until_due())
             self.ring.wait_after(self._last_seq, max(0.0, wait))
+        elif quiet:  # what the broker sends meanwhile (a PINGRESP) is read at the next turn
+            # (until the open batch is due, or, empty, until a batch interval without samples has passed)
+            due = self._open.opened + self._span()
+            wait = min(_QUIET_TURN, due - now, self._housekept + _HOUSEKEEPING - now)
+            self.ring.wait_after(self._last_seq, max(0.0, wait), self._stop)
+
+    def _quiet(self) -> bool:
+        """Up, and nothing awaited or waiting to go: no PUBACK due, no batch live, cut or in the backlog, no
+        report, no summary. The turn then waits for the next sample rather than on the socket."""
+        return (
+            self.link.up
+            and not self._inflight
+            and not self._live
+            and not self._cutting
+            and not self._parts_out
+            and len(self.spool) == 0
+            and not self.adaptive.inflight
+            and not self.adaptive.active
+            and not self.adaptive.waiting()
+            and not self.reports.inflight
+            and self.reports.pending is None
+        )
 
     def _shutdown(self) -> None:
         try:

@@ -3,14 +3,16 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import math
+import re
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
-from gpu_exporter.model import DeviceId, SeriesKey
+from gpu_exporter.model import DeviceId, Readings, Sample, SeriesKey
 from gpu_exporter.payload import types as fmt
 from gpu_exporter.payload._zdict import ZDICT, ZDICT_HEALTH, ZDICT_SUMMARY
 from gpu_exporter.payload.health import check_report, health_document
@@ -56,45 +58,8 @@ def to_document(batch: Batch) -> dict[str, Any]:
     key_re = fmt.SUMMARY_KEY if batch.summary_ms else fmt.KEY
     n = len(samples)
     metric_index: dict[SeriesKey, int] = {}
-    devices: dict[DeviceId, dict[str, Any]] = {}
-    columns: dict[DeviceId, dict[int, list[float | None]]] = {}
-    for i, sample in enumerate(samples):
-        for dev in sample.devices:
-            entry = devices.get(dev.device)
-            if entry is None:
-                entry = {"id": _device_fields(dev.device), "up": [None] * n}
-                devices[dev.device] = entry
-                columns[dev.device] = {}
-            elif entry["up"][i] is not None:
-                raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
-            entry["up"][i] = 1 if dev.up else 0
-            if dev.info:
-                entry["info"] = dev.info  # the newest identity strings win
-            cols = columns[dev.device]
-            for series, value in dev.values.items():
-                idx = metric_index.get(series)
-                if idx is None:
-                    key, labels = series
-                    if not isinstance(key, str) or not key_re.match(key):
-                        raise ValueError(f"invalid metric key {key!r}")
-                    for label in labels:
-                        _check_text("label value", label)
-                    idx = metric_index[series] = len(metric_index)
-                col = cols.get(idx)
-                if col is None:
-                    col = cols[idx] = [None] * n
-                col[i] = float(value)
-
-    out_devices = []
-    for device_id, entry in devices.items():
-        cols = columns[device_id]
-        entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
-        if "info" in entry:
-            entry["info"] = {str(k): str(v) for k, v in entry["info"].items()}
-            for k, v in entry["info"].items():
-                _check_text("info key", k)
-                _check_text("info value", v, allow_empty=True)
-        out_devices.append(entry)
+    one = _one_sample if n == 1 else _samples  # one sample: the spool's journal, one a cycle
+    out_devices = one(samples, metric_index, key_re)
 
     doc: dict[str, Any] = {
         "format": fmt.FORMAT,
@@ -115,6 +80,142 @@ def to_document(batch: Batch) -> dict[str, Any]:
     if batch.health:
         doc["health"] = health_document(batch)
     return doc
+
+
+def _samples(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], key_re: re.Pattern[str]) -> list[Any]:
+    """The devices of a batch, their columns in the version 3 forms (``metric_index`` filled in)."""
+    n = len(samples)
+    devices: dict[DeviceId, dict[str, Any]] = {}
+    columns: dict[DeviceId, dict[int, list[float | None]]] = {}
+    for i, sample in enumerate(samples):
+        for dev in sample.devices:
+            entry = devices.get(dev.device)
+            if entry is None:
+                entry = {"id": _device_fields(dev.device), "up": [None] * n}
+                devices[dev.device] = entry
+                columns[dev.device] = {}
+            elif entry["up"][i] is not None:
+                raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
+            entry["up"][i] = 1 if dev.up else 0
+            if dev.info:
+                entry["info"] = dev.info  # the newest identity strings win
+            cols = columns[dev.device]
+            for series, value in dev.values.items():
+                idx = metric_index.get(series)
+                if idx is None:
+                    _check_series(series, key_re)
+                    idx = metric_index[series] = len(metric_index)
+                col = cols.get(idx)
+                if col is None:
+                    col = cols[idx] = [None] * n
+                col[i] = float(value)
+    out = []
+    for device_id, entry in devices.items():
+        cols = columns[device_id]
+        entry["columns"] = _encode_columns([cols.get(j) for j in range(len(metric_index))])
+        out.append(_checked_info(entry))
+    return out
+
+
+def _one_sample(samples: Sequence[Sample], metric_index: dict[SeriesKey, int], key_re: re.Pattern[str]) -> list[Any]:
+    """``_samples`` for a batch of one sample (the spool's journal: one a cycle), faster: each column
+    is a constant, its value, placed at once (the same document)."""
+    safe = fmt.SAFE_INT
+    copysign, isfinite = math.copysign, math.isfinite
+    sample = samples[0]
+    rows: list[tuple[dict[str, Any], list[int], list[Any]]] = []
+    seen: set[DeviceId] = set()
+    for dev in sample.devices:
+        if dev.device in seen:
+            raise ValueError(f"device {dev.device.uuid} appears twice in sample {sample.seq}")
+        seen.add(dev.device)
+        values = dev.values
+        if isinstance(values, Readings):
+            keys, numbers = values.keys_tuple, values.numbers()
+        else:
+            keys, numbers = tuple(values), tuple(float(v) for v in values.values())
+        checked = values.memo.setdefault("payload_keys", set()) if isinstance(values, Readings) else set()
+        if key_re not in checked:  # a key set is checked once (per key pattern), not every cycle
+            for series in keys:
+                _check_series(series, key_re)
+            checked.add(key_re)
+        where = []
+        for series in keys:
+            idx = metric_index.get(series)
+            if idx is None:
+                idx = metric_index[series] = len(metric_index)
+            where.append(idx)
+        # _constant, written out: an integer where it is one (not -0.0), else the value as written
+        constants = [
+            int(v)
+            if v.is_integer() and 0.0 <= v < safe and (v or copysign(1.0, v) > 0)
+            else v
+            if isfinite(v)
+            else json_value(v)
+            for v in numbers
+        ]
+        entry: dict[str, Any] = {"id": _id_cached(dev.device), "up": [1 if dev.up else 0]}
+        if dev.info:
+            entry["info"] = dev.info
+        rows.append((entry, where, constants))
+    out = []
+    for entry, where, constants in rows:
+        cols: list[Any] = [None] * len(metric_index)
+        for idx, constant in zip(where, constants, strict=True):
+            cols[idx] = constant
+        entry["columns"] = cols
+        if "info" in entry:
+            entry["info"] = _info_cached(entry["info"])
+        out.append(entry)
+    return out
+
+
+@functools.lru_cache(maxsize=1024)
+def _id_items(device: DeviceId) -> tuple[tuple[str, str], ...]:
+    return tuple(_device_fields(device).items())
+
+
+@functools.lru_cache(maxsize=1024)
+def _info_items(items: tuple[tuple[Any, Any], ...]) -> tuple[tuple[str, str], ...]:
+    return tuple(_info_fields(dict(items)).items())
+
+
+def _id_cached(device: DeviceId) -> dict[str, str]:
+    """``_device_fields``, checked once per device identity (a copy: the document's own)."""
+    try:
+        return dict(_id_items(device))
+    except TypeError:  # a field that is not hashable: refused the long way
+        return _device_fields(device)
+
+
+def _info_cached(info: dict[str, Any]) -> dict[str, str]:
+    """``_info_fields``, checked once per set of identity strings (a copy: the document's own)."""
+    try:
+        return dict(_info_items(tuple(info.items())))
+    except TypeError:
+        return _info_fields(info)
+
+
+def _info_fields(info: dict[str, Any]) -> dict[str, str]:
+    out = {str(k): str(v) for k, v in info.items()}
+    for k, v in out.items():
+        _check_text("info key", k)
+        _check_text("info value", v, allow_empty=True)
+    return out
+
+
+def _check_series(series: SeriesKey, key_re: re.Pattern[str]) -> None:
+    key, labels = series
+    if not isinstance(key, str) or not key_re.match(key):
+        raise ValueError(f"invalid metric key {key!r}")
+    for label in labels:
+        _check_text("label value", label)
+
+
+def _checked_info(entry: dict[str, Any]) -> dict[str, Any]:
+    if "info" in entry:
+        entry["info"] = _info_fields(entry["info"])
+    return entry
 
 
 def _check_text(what: str, value: object, allow_empty: bool = False) -> None:
@@ -207,9 +308,7 @@ def _encode_column(col: list[float | None]) -> Any:
     ``{"values": [...]}``; docs/payload.md has the forms."""
     first = col[0]
     if first is not None and all(v is not None and _same_float(v, first) for v in col):
-        if first.is_integer() and abs(first) < fmt.SAFE_INT and math.copysign(1.0, first) > 0:
-            return int(first)  # a value that held still for the whole batch, stated once
-        return json_value(first)
+        return _constant(first)  # a value that held still for the whole batch, stated once
     scale = 0
     for v in col:
         if v is None:
@@ -252,6 +351,13 @@ def _encode_column(col: list[float | None]) -> Any:
     if step > 1:  # a common factor: 1024 for KiB-based rates, 10**6 for MHz clocks
         return [form + fmt.HAS_STEP, step, *out]
     return [form, *out]
+
+
+def _constant(value: float | None) -> Any:
+    """A column whose every value is ``value``: an integer where it is one, else as the payload writes it."""
+    if value is not None and value.is_integer() and abs(value) < fmt.SAFE_INT and math.copysign(1.0, value) > 0:
+        return int(value)
+    return json_value(value)
 
 
 def _in_range(ints: list[int | None]) -> bool:

@@ -13,6 +13,7 @@ What is kept per device is in ``devices``; the readings that take several calls 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable
@@ -67,6 +68,23 @@ CLOCK_EVENT_REASONS = (
     (0x40, "hw_thermal_slowdown"),
     (0x80, "hw_power_brake_slowdown"),
 )
+
+# the series key of each reason, made once (a reason's key is the same every cycle)
+_REASON_KEYS = tuple((bit, ("clock_event_reason", (reason,))) for bit, reason in CLOCK_EVENT_REASONS)
+_NVLINK_KEYS = {FI_NVLINK_TX: "nvlink_tx", FI_NVLINK_RX: "nvlink_rx"}
+
+
+@functools.lru_cache(maxsize=1024)
+def _xid_key(xid: int) -> SeriesKey:
+    return ("xid_errors", (str(xid),))
+
+
+@functools.lru_cache(maxsize=64)
+def _nvlink_fields(links: int) -> tuple[list[tuple[int, int]], dict[tuple[int, int], SeriesKey]]:
+    """The field ids to ask for a GPU's ``links`` NVLinks, and each answer's series key."""
+    ids = [(fid, link) for link in range(links) for fid in (FI_NVLINK_TX, FI_NVLINK_RX)]
+    return ids, {(fid, link): (_NVLINK_KEYS[fid], (str(link),)) for fid, link in ids}
+
 
 # One-value NVML calls (backends/simple.py), by catalog group: the catalog key, the NVML function, its
 # arguments after the device handle, the scale to the catalog's base unit. Reads that take more than
@@ -424,8 +442,8 @@ class NvmlBackend:
             self._simple(device, v, "clocks")
             reasons = call(device, "nvmlDeviceGetCurrentClocksEventReasons", h)
             if reasons is not None:
-                for bit, reason in CLOCK_EVENT_REASONS:
-                    v[("clock_event_reason", (reason,))] = 1.0 if reasons & bit else 0.0
+                for bit, reason_key in _REASON_KEYS:
+                    v[reason_key] = 1.0 if reasons & bit else 0.0
             read_violations(lambda name, *args, **kw: call(device, name, *args, **kw), h, v)
         if enabled("fan"):
             self._simple(device, v, "fan")
@@ -434,9 +452,9 @@ class NvmlBackend:
         if enabled("ecc"):
             groups.ecc(self._call, device, h, v)
         if enabled("nvlink") and device.nvlinks:
-            ids = [(fid, link) for link in range(device.nvlinks) for fid in (FI_NVLINK_TX, FI_NVLINK_RX)]
-            for (fid, link), value in groups.field_values(self._call, device, ids).items():
-                v[("nvlink_tx" if fid == FI_NVLINK_TX else "nvlink_rx", (str(link),))] = value * 1024.0
+            ids, keys = _nvlink_fields(device.nvlinks)
+            for field_id, value in groups.field_values(self._call, device, ids).items():
+                v[keys[field_id]] = value * 1024.0
         processes: tuple[ProcessUsage, ...] = ()
         if enabled("processes"):
             processes = groups.processes(self._call, self._calls.is_missing, device, h, v)
@@ -447,7 +465,7 @@ class NvmlBackend:
             for xid in CRITICAL_XIDS:
                 counts.setdefault(xid, 0)
             for xid, n in counts.items():
-                v[("xid_errors", (str(xid),))] = float(n)
+                v[_xid_key(xid)] = float(n)
             v[("xid_last", ())] = float(last)
         if enabled("health") and not self._late:  # else once the late values are in (_finish)
             v.update(self._health.evaluate(device.index, v, self._clock()))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -58,6 +59,6 @@ class Device:
     gpm_primed: bool = False
     last_process_ts: int = 0
 
-    @property
-    def scope(self) -> str:
+    @functools.cached_property
+    def scope(self) -> str:  # (the index never changes)
         return str(self.index)

@@ -6,6 +6,9 @@ unavailable, raises ``Lost``), and writes into the sample's values ``v``.
 
 from __future__ import annotations
 
+import ctypes
+import functools
+import struct
 from collections.abc import Callable
 from typing import Any
 
@@ -74,6 +77,9 @@ def field_values(call: Call, device: Device, ids: list[Any]) -> dict[tuple[int, 
     out: dict[tuple[int, int], float] = {}
     if raw is None:
         return out
+    layout = _layout(type(raw)._type_) if isinstance(raw, ctypes.Array) else None
+    if layout is not None:  # pynvml's array of c_nvmlFieldValue_t: read from its memory at once
+        return _unpacked(memoryview(raw).cast("B"), len(raw), *layout)
     for item in raw:
         if item.nvmlReturn != 0:
             continue
@@ -137,3 +143,50 @@ def field_value(item: Any) -> float | None:
     value = item.value
     attr = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}.get(kind)
     return float(getattr(value, attr)) if attr else None
+
+
+# nvmlValue_t's members by nvmlValueType_t (NVML_VALUE_TYPE_DOUBLE .. _UNSIGNED_SHORT)
+_VALUE_MEMBERS = ("dVal", "uiVal", "ulVal", "ullVal", "sllVal", "siVal", "usVal")
+_HEADER = ("fieldId", "scopeId", "valueType", "nvmlReturn")
+Layout = tuple[int, struct.Struct, int, tuple[struct.Struct, ...]]
+
+
+@functools.lru_cache(maxsize=4)
+def _layout(item: Any) -> Layout | None:
+    """How to read an array of pynvml's ``c_nvmlFieldValue_t`` straight from its memory: the struct's
+    size, its header fields (``_HEADER``, at the offsets ctypes gives them) as one ``struct`` format, the
+    value's offset and one format per value type. None when the struct is not as expected (then each
+    item is read through its attributes, as before): a wrapper of another shape is read correctly, only
+    slower. Reading the memory at once costs a fraction of the six attribute reads per value, each
+    through pynvml's ``__getattribute__`` (an NVLink GPU answers 36 values a cycle)."""
+    try:
+        types = dict(item._fields_)
+        header = sorted((getattr(item, name).offset, types[name]._type_, name) for name in _HEADER)
+        value = item.value.offset
+        members = dict(types["value"]._fields_)
+        codes = [members[name]._type_ for name in _VALUE_MEMBERS]
+    except (AttributeError, KeyError, TypeError):
+        return None
+    if [name for _, _, name in header] != list(_HEADER):
+        return None  # the header is read in _HEADER's order
+    if not all(isinstance(code, str) and len(code) == 1 for code in [*codes, *(c for _, c, _ in header)]):
+        return None  # not all simple C types
+    fmt, at = "@", 0
+    for offset, code, _ in header:
+        if offset < at:
+            return None
+        fmt += "x" * (offset - at) + code
+        at = offset + struct.calcsize("@" + code)
+    return ctypes.sizeof(item), struct.Struct(fmt), value, tuple(struct.Struct("@" + c) for c in codes)
+
+
+def _unpacked(
+    data: memoryview, n: int, size: int, header: struct.Struct, value_at: int, kinds: tuple[struct.Struct, ...]
+) -> dict[tuple[int, int], float]:
+    """What ``field_values`` makes of the items one by one: those answered, of a known value type."""
+    out: dict[tuple[int, int], float] = {}
+    for base in range(0, n * size, size):
+        fid, scope, kind, ret = header.unpack_from(data, base)
+        if ret == 0 and 0 <= kind < len(kinds):
+            out[(fid, scope)] = float(kinds[kind].unpack_from(data, base + value_at)[0])
+    return out
