@@ -66,6 +66,22 @@ def test_the_bridge_authenticates_with_a_secret_it_cannot_start_without() -> Non
     assert not volumes["mqtt-secret"]["secret"].get("optional", False)
 
 
+def test_probes_ask_the_bridges_own_questions() -> None:
+    """Readiness is /readyz, which is 503 while the bridge cannot read from its broker or write to its
+    TSDB (so the Service stops sending it work); liveness is /healthz, which answers while the HTTP
+    server runs and does not flap with the broker (a restart would not bring the broker back). Both on
+    the port the bridge listens on, outside any basic auth of /metrics."""
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    listen = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--bridge.listen-address=")]
+    listen_port = int(listen[-1].rsplit(":", 1)[1]) if listen else 9401  # the option's default
+    for probe in ("livenessProbe", "readinessProbe"):
+        port = container[probe]["httpGet"]["port"]
+        assert ports.get(port, port) == listen_port, probe
+
+
 def test_pod_is_hardened() -> None:
     spec = _deployment()["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is False
