@@ -12,7 +12,8 @@ Prints the bridge's peak RSS (VmHWM, from /proc) for each flood, and what got th
 * ``series20`` / ``series40``: one million distinct series spread over 20 or 40 node names, into Prometheus
   (``series40away``: the same published while the bridge is stopped, into its session); ``seriesfleet``:
   enough names, each at the default --bridge.max-series-per-node, to fill the default --bridge.max-series
-  a third over (the bridge's memory per series at its full fleet budget; not in the default run);
+  a third over (the bridge's memory per series at its full fleet budget; ``seriesfleetaway``: into its
+  session; neither in the default run);
 * ``perbyte``: the peak memory of reading one payload, per byte of its JSON (tracemalloc, in process).
 
     PYTHONPATH=src python bench/bench_bridge_attack.py [--only flood,bomb] [--series 1000000] [-- BRIDGE ARGS]
@@ -297,6 +298,7 @@ def main() -> int:
         "series40away": lambda d, a: series_spread(d, a, 40, args.series, away=True),
         # enough names, each at --bridge.max-series-per-node, to fill --bridge.max-series (a third more)
         "seriesfleet": lambda d, a: series_spread(d, a, fleet_names, fleet_names * per_node),
+        "seriesfleetaway": lambda d, a: series_spread(d, a, fleet_names, fleet_names * per_node, away=True),
         "perbyte": memory_per_byte,
     }
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")
