@@ -86,11 +86,13 @@ def test_probes_ask_the_bridges_own_questions() -> None:
 # per series counted against --bridge.max-series, as a flood of invented series costs it (each with label
 # values of its own: bench/bench_bridge_attack.py --only seriesfleet, the bridge's peak RSS over its RSS
 # before, per series; a real node's series cost less); the payloads it holds unacknowledged; a message
-# being parsed and a write group decoded and encoded. A limit below their sum is an OOM kill the moment
+# being parsed and a write group decoded and encoded; the per-device bookkeeping, bounded by
+# --bridge.series-cache in units of about 300 bytes (bridge/convert.py), which a flood of devices fills. A limit below their sum is an OOM kill the moment
 # a flood fills the budget, and a restarted bridge meets the same flood in its session.
 PROCESS_BYTES = 64 << 20
 FLOOD_BYTES_PER_SERIES = 400  # measured 352 at the 1,500,000 default (docs/bridge.md, "Under attack")
 WORKING_BYTES = 100 << 20
+CACHE_UNIT_BYTES = 300
 HEADROOM = 1.2
 
 
@@ -113,7 +115,9 @@ def test_the_memory_limit_holds_the_series_budget_a_flood_can_fill(tmp_path: Pat
     ]
     env = {"GPU_EXPORTER_MQTT_USERNAME": "gpu-exporter-bridge"}
     settings = cli.settings_from(cfg.load(vars(cli.build_parser().parse_args(args)), environ=env))
-    need = PROCESS_BYTES + settings.max_series * FLOOD_BYTES_PER_SERIES + settings.max_inflight_bytes + WORKING_BYTES
+    series = settings.max_series * FLOOD_BYTES_PER_SERIES
+    devices = settings.series_cache * CACHE_UNIT_BYTES
+    need = PROCESS_BYTES + series + devices + settings.max_inflight_bytes + WORKING_BYTES
     limit = _quantity(container["resources"]["limits"]["memory"])
     assert limit >= need * HEADROOM, f"{limit >> 20} MiB for {settings.max_series:,} series: {need >> 20} MiB"
     assert settings.max_series >= 1000 * 888  # the default covers 1,000 8-GPU nodes (health reports included)

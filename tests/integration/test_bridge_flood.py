@@ -5,7 +5,7 @@ batch. Issue 20's, CI-sized: a flood spread over invented node names.
 The bound asserted is the design's: --bridge.max-series-per-node (default 10,000) caps what one node
 creates, so neither Prometheus nor the bridge's caches hold the million; the bridge decodes at most
 --bridge.max-payload of inflated JSON per write group. Its peak RSS (VmHWM, read from /proc) must stay
-within 512 MiB with margin: well inside the manifest's 1Gi (deploy/bridge.yaml), which is sized for a flood
+within 512 MiB with margin: well inside the manifest's 1280Mi (deploy/bridge.yaml), which is sized for a flood
 that fills the whole fleet budget (tests/deploy/test_bridge_deploy.py). The figures are printed (-s).
 """
 
