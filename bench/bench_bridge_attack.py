@@ -10,7 +10,10 @@ Prints the bridge's peak RSS (VmHWM, from /proc) for each flood, and what got th
 * ``labels``: 40 messages carrying 5,000 identity strings of 1 KB each, into Prometheus (``labels3500``:
   3,500, which inflate to less than --bridge.max-payload);
 * ``series20`` / ``series40``: one million distinct series spread over 20 or 40 node names, into Prometheus
-  (``series40away``: the same published while the bridge is stopped, into its session);
+  (``series40away``: the same published while the bridge is stopped, into its session); ``seriesfleet``:
+  enough names, each at the default --bridge.max-series-per-node, to fill the default --bridge.max-series
+  a third over (the bridge's memory per series at its full fleet budget; ``seriesfleetaway``: into its
+  session; neither in the default run);
 * ``perbyte``: the peak memory of reading one payload, per byte of its JSON (tracemalloc, in process).
 
     PYTHONPATH=src python bench/bench_bridge_attack.py [--only flood,bomb] [--series 1000000] [-- BRIDGE ARGS]
@@ -204,6 +207,7 @@ def series_spread(tmp: Path, bridge_args: list[str], names: int, total: int, awa
     try:
         assert prom.proc is not None
         messages = series_flood([f"edge-spread-{i:03d}" for i in range(names)], total, time.time() - 60)
+        before = rss(scene.pid)
         if away:
             scene.stop_bridge()
         for topic, payload in messages:
@@ -212,9 +216,14 @@ def series_spread(tmp: Path, bridge_args: list[str], names: int, total: int, awa
             scene.start_bridge()
         wait_until(scene.drained(len(messages)), 900, "the series flood", interval=1.0)
         time.sleep(2)
+        series, peak = _head_series(prom), peak_rss(scene.pid)
+        per_series = (
+            f", {(peak - before) / series:,.0f} B per series over its RSS before" if series and not away else ""
+        )
         return (
             f"{total:,} series over {names} node names ({sum(len(p) for _, p in messages) / MB:.1f} MB compressed): "
-            f"bridge peak RSS {peak_rss(scene.pid) / MiB:.0f} MiB; {_head_series(prom):,} series in Prometheus "
+            f"bridge peak RSS {peak / MiB:.0f} MiB (before {before / MiB:.0f} MiB{per_series}); "
+            f"{series:,} series in Prometheus "
             f"(RSS {rss(prom.proc.pid) / MiB:.0f} MiB); values refused by the series limits "
             f"{scene.total('gpu_exporter_bridge_series_limited_total'):,.0f}; batches of new names refused "
             f"{scene.total('gpu_exporter_bridge_new_nodes_refused_total'):,.0f}"
@@ -275,6 +284,9 @@ def main() -> int:
             from gpu_exporter.units import parse_size
 
             limit = parse_size(arg.partition("=")[2])
+    defaults = cfg.Config()
+    per_node = defaults.bridge_max_series_per_node
+    fleet_names = -(-defaults.bridge_max_series * 4 // 3 // per_node)
     floods: dict[str, Callable[[Path, list[str]], str]] = {
         "flood": lambda d, a: message_flood(d, a, "flood", 10 * MB, 60),
         "limit": lambda d, a: message_flood(d, a, "limit", limit - 1024, 60),
@@ -284,6 +296,9 @@ def main() -> int:
         "series20": lambda d, a: series_spread(d, a, 20, args.series),
         "series40": lambda d, a: series_spread(d, a, 40, args.series),
         "series40away": lambda d, a: series_spread(d, a, 40, args.series, away=True),
+        # enough names, each at --bridge.max-series-per-node, to fill --bridge.max-series (a third more)
+        "seriesfleet": lambda d, a: series_spread(d, a, fleet_names, fleet_names * per_node),
+        "seriesfleetaway": lambda d, a: series_spread(d, a, fleet_names, fleet_names * per_node, away=True),
         "perbyte": memory_per_byte,
     }
     print(f"machine: {os.cpu_count()} cores, load average {os.getloadavg()[0]:.1f} at start")

@@ -66,6 +66,63 @@ def test_the_bridge_authenticates_with_a_secret_it_cannot_start_without() -> Non
     assert not volumes["mqtt-secret"]["secret"].get("optional", False)
 
 
+def test_probes_ask_the_bridges_own_questions() -> None:
+    """Readiness is /readyz, which is 503 while the bridge cannot read from its broker or write to its
+    TSDB (so the Service stops sending it work); liveness is /healthz, which answers while the HTTP
+    server runs and does not flap with the broker (a restart would not bring the broker back). Both on
+    the port the bridge listens on, outside any basic auth of /metrics."""
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    assert container["readinessProbe"]["httpGet"]["path"] == "/readyz"
+    assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
+    ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+    listen = [a.split("=", 1)[1] for a in container["args"] if a.startswith("--bridge.listen-address=")]
+    listen_port = int(listen[-1].rsplit(":", 1)[1]) if listen else 9401  # the option's default
+    for probe in ("livenessProbe", "readinessProbe"):
+        port = container[probe]["httpGet"]["port"]
+        assert ports.get(port, port) == listen_port, probe
+
+
+# What the bridge's memory is made of (docs/bridge.md, "Bounds on series and node names"): the process;
+# per series counted against --bridge.max-series, as a flood of invented series costs it (each with label
+# values of its own: bench/bench_bridge_attack.py --only seriesfleet, the bridge's peak RSS over its RSS
+# before, per series; a real node's series cost less); the payloads it holds unacknowledged; a message
+# being parsed and a write group decoded and encoded; the per-device bookkeeping, bounded by
+# --bridge.series-cache in units of about 300 bytes (bridge/convert.py), which a flood of devices fills. A limit below their sum is an OOM kill the moment
+# a flood fills the budget, and a restarted bridge meets the same flood in its session.
+PROCESS_BYTES = 64 << 20
+FLOOD_BYTES_PER_SERIES = 400  # measured 352 at the 1,500,000 default (docs/bridge.md, "Under attack")
+WORKING_BYTES = 100 << 20
+CACHE_UNIT_BYTES = 300
+HEADROOM = 1.2
+
+
+def _quantity(text: str) -> int:
+    units = {"Ki": 1 << 10, "Mi": 1 << 20, "Gi": 1 << 30, "k": 1000, "M": 1000**2, "G": 1000**3}
+    for unit, factor in units.items():
+        if text.endswith(unit):
+            return int(float(text[: -len(unit)]) * factor)
+    return int(text)
+
+
+def test_the_memory_limit_holds_the_series_budget_a_flood_can_fill(tmp_path: Path) -> None:
+    container = _deployment()["spec"]["template"]["spec"]["containers"][0]
+    (tmp_path / "password").write_text("p\n")
+    args = [
+        a.replace("$(POD_NAME)", "bridge-0").replace(
+            "/etc/gpu-exporter-bridge/mqtt/password", str(tmp_path / "password")
+        )
+        for a in container["args"][1:]
+    ]
+    env = {"GPU_EXPORTER_MQTT_USERNAME": "gpu-exporter-bridge"}
+    settings = cli.settings_from(cfg.load(vars(cli.build_parser().parse_args(args)), environ=env))
+    series = settings.max_series * FLOOD_BYTES_PER_SERIES
+    devices = settings.series_cache * CACHE_UNIT_BYTES
+    need = PROCESS_BYTES + series + devices + settings.max_inflight_bytes + WORKING_BYTES
+    limit = _quantity(container["resources"]["limits"]["memory"])
+    assert limit >= need * HEADROOM, f"{limit >> 20} MiB for {settings.max_series:,} series: {need >> 20} MiB"
+    assert settings.max_series >= 1000 * 888  # the default covers 1,000 8-GPU nodes (health reports included)
+
+
 def test_pod_is_hardened() -> None:
     spec = _deployment()["spec"]["template"]["spec"]
     assert spec["automountServiceAccountToken"] is False

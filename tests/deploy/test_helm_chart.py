@@ -268,6 +268,9 @@ def test_the_bridge_passes_the_kustomize_checks(
     if CASES[name]["bridge"].get("remoteWrite", {}).get("auth", "none") == "none":  # (else: its own test below)
         bridge_checks.test_the_arguments_are_a_valid_bridge_configuration(tmp_path)
     bridge_checks.test_the_bridge_authenticates_with_a_secret_it_cannot_start_without()
+    bridge_checks.test_probes_ask_the_bridges_own_questions()
+    if CASES[name]["bridge"].get("remoteWrite", {}).get("auth", "none") == "none":
+        bridge_checks.test_the_memory_limit_holds_the_series_budget_a_flood_can_fill(tmp_path)
     bridge_checks.test_pod_is_hardened()
     bridge_checks.test_pod_meets_the_restricted_pod_security_standard()
 

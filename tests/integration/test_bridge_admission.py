@@ -66,3 +66,51 @@ def test_a_rollout_past_the_burst_is_held_back_then_admitted_with_every_sample_s
     # nothing written twice (VictoriaMetrics without dedup stores a duplicate twice) or lost
     for n in nodes:
         assert _stamps(victoria, n) == wanted[n]
+
+
+@pytest.mark.integration
+@pytest.mark.timeout(120)
+def test_the_default_budgets_admit_a_rollout_of_1000_nodes_like_a_real_8_gpu_agent(
+    broker: MosquittoServer, victoria: VictoriaMetricsServer, tmp_path: Path
+) -> None:
+    """What one real agent on 8 simulated GPUs (its batches and its health reports) costs the bridge's
+    fleet budget, times 1,000: a DaemonSet rolled out onto 1,000 such nodes fits the default
+    --bridge.max-series, and its names fit the default burst of new names, so none waits and no value
+    is refused by the fleet's series limit (the fleet bench runs the 1,000 nodes themselves)."""
+    from gpu_exporter import config as cfg
+    from gpu_exporter.bridge.settings import BridgeSettings, new_nodes_burst
+    from tests.support import Exporter
+
+    node = "edge-rollout-real"
+    bridge = BridgeProcess(tmp_path, broker, victoria.write_url, "rollout-budget-bridge")
+    agent = Exporter(
+        "--gpu-vendor=fake",
+        "--fake.gpus=8",
+        "--gpu-metrics-collection-interval=1s",
+        f"--node-name={node}",
+        f"--mqtt.url={broker.url}",
+        f"--spool.dir={tmp_path / 'spool'}",
+        "--mqtt.batch-interval=2s",
+    )
+    try:
+        bridge.start()
+        agent.start()
+
+        def own_series_stored() -> bool:  # the health report's series, after the first batches'
+            return bool(victoria.samples(f'gpu_exporter_collect_duration_seconds{{node="{node}"}}'))
+
+        wait_until(own_series_stored, 60, "the agent's health report in VictoriaMetrics")
+        counts = [bridge.metric("gpu_exporter_bridge_active_series")]
+        while len(counts) < 3 or counts[-1] != counts[-2]:  # settled: a few batches more
+            assert len(counts) < 20, counts
+            time.sleep(2)
+            counts.append(bridge.metric("gpu_exporter_bridge_active_series"))
+        per_node = counts[-1]
+        assert per_node > 8 * 100  # the GPUs' series and the agent's own
+    finally:
+        agent.stop()
+        bridge.stop()
+    defaults = cfg.Config()
+    assert 1000 * per_node <= defaults.bridge_max_series, per_node
+    settings = BridgeSettings(mqtt_url="mqtt://127.0.0.1:1", remote_write_url="http://127.0.0.1:1/")
+    assert new_nodes_burst(settings) >= 1000

@@ -5,7 +5,8 @@ batch. Issue 20's, CI-sized: a flood spread over invented node names.
 The bound asserted is the design's: --bridge.max-series-per-node (default 10,000) caps what one node
 creates, so neither Prometheus nor the bridge's caches hold the million; the bridge decodes at most
 --bridge.max-payload of inflated JSON per write group. Its peak RSS (VmHWM, read from /proc) must stay
-within the manifest's 512Mi limit (deploy/bridge.yaml) with margin. The figures are printed (-s).
+within 512 MiB with margin: well inside the manifest's 1280Mi (deploy/bridge.yaml), which is sized for a flood
+that fills the whole fleet budget (tests/deploy/test_bridge_deploy.py). The figures are printed (-s).
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.timeout(1200), pytest.mark.xd
 MESSAGES = 20
 SERIES = 1_000_000
 DEVICES = 10
-MANIFEST_LIMIT = 512 * 1024 * 1024
+FLOOD_LIMIT = 512 * 1024 * 1024  # a few nodes' flood: far below the fleet budget the manifest is sized for
 PER_NODE = cfg.Config().bridge_max_series_per_node  # the default
 # what moves while the bridge works through the flood
 _PROGRESS = (
@@ -110,7 +111,7 @@ def test_series_flood_is_capped_per_node_and_the_bridge_stays_within_its_memory_
         print(f"series of the flooding node in Prometheus: {flood_series}; values dropped by the limit: {limited:.0f}")
         assert flood_series <= PER_NODE
         assert limited >= SERIES - PER_NODE
-        assert peak < MANIFEST_LIMIT * 0.75, f"bridge peak RSS {peak / 2**20:.0f} MiB"
+        assert peak < FLOOD_LIMIT * 0.75, f"bridge peak RSS {peak / 2**20:.0f} MiB"
     finally:
         if pub is not None:
             pub.close()

@@ -36,7 +36,8 @@ class BridgeOptions:
     bridge_max_payload: int = 4 * 1024 * 1024
     bridge_max_inflight_bytes: int = 64 * 1024 * 1024
     bridge_max_packet_size: int = 0  # 0: --bridge.max-payload plus 64KiB
-    bridge_max_series: int = 300_000
+    # 1,000 8-GPU nodes with their health reports are 888,000 series: room for about 1,690 such nodes
+    bridge_max_series: int = 1_500_000
     bridge_new_nodes_per_minute: int = 10
     bridge_new_nodes_burst: int = 0  # 0: --bridge.max-series / 100
     bridge_readiness_timeout: float = 30.0
