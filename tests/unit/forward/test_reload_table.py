@@ -116,7 +116,8 @@ def test_a_reload_changes_the_running_forwarder(tmp_path: Path, tls: Path, field
     forwarder = Forwarder(base, RingBuffer(8), CollectorRegistry())
     try:
         before = state(forwarder)
-        new = dataclasses.replace(base, **{field: value})
+        changes: dict[str, Any] = {field: value}
+        new = dataclasses.replace(base, **changes)
         assert new != base
         forwarder.reconfigure(new)
         forwarder._apply(new)  # what its thread does at its next turn

@@ -30,14 +30,15 @@ LATEST_STAMP = 99_999_999_999.999  # the largest send time PACKED_MAX is sized f
 
 def wire_size(topic: str, payload: int, v5: bool, now: float = LATEST_STAMP) -> int:
     """Bytes of the QoS 1 PUBLISH paho-mqtt builds for ``payload`` bytes to ``topic``, as the agent sends it."""
-    client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=paho.MQTTv5 if v5 else paho.MQTTv311, client_id="t")
+    version = paho.MQTTv5 if v5 else paho.MQTTv311
+    client = paho.Client(paho.CallbackAPIVersion.VERSION2, protocol=version, client_id="t")  # type: ignore[attr-defined]
     packets: list[bytes] = []
 
     def queue(command: int, packet: bytearray, *rest: Any) -> int:
         packets.append(bytes(packet))
         return 0
 
-    client._packet_queue = queue  # type: ignore[method-assign]  # capture the bytes instead of sending
+    client._packet_queue = queue  # type: ignore[method-assign,assignment]  # capture the bytes instead of sending
     client._sock = object()  # type: ignore[assignment]  # "connected": paho builds nothing without a socket
     props = sendtime.properties(now) if v5 else None
     client._send_publish(1, topic.encode("utf-8"), b"x" * payload, qos=1, properties=props)
