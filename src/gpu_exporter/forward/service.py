@@ -245,6 +245,7 @@ class Forwarder(Sender):
             self.metrics.connected.set(0)
             self.link = Link(settings, self.status_topic, self._acked, self._up, self._down)
             self.meter.keepalive = settings.keepalive
+            self.twins.reconfigure(settings.max_delay)
             log.info("forwarder: broker settings changed; connecting to %s", new.mqtt_url)
 
     def _turn(self) -> None:

@@ -55,8 +55,8 @@ class TwinWatch:
     ) -> None:
         self.node = node
         self.client_id = client_id
-        # a twin's connection lasts until the other reconnects: at most its reconnect delay
-        self.early = max(EARLY, 2 * reconnect_max_delay)
+        self.early = EARLY
+        self.reconfigure(reconnect_max_delay)
         self._clock = clock
         self._early: deque[float] = deque(maxlen=STREAK)  # when each early loss of the streak happened
         self._last = -math.inf  # the last loss counted as a takeover
@@ -77,6 +77,11 @@ class TwinWatch:
             registry=registry,
         )
         self.suspected.set_function(lambda: 1.0 if self._clock() - self._last < WINDOW else 0.0)
+
+    def reconfigure(self, reconnect_max_delay: float) -> None:
+        """A reloaded ``--mqtt.reconnect-max-delay``: a twin's connection lasts until the other reconnects,
+        at most its reconnect delay."""
+        self.early = max(EARLY, 2 * reconnect_max_delay)
 
     def down(self, loss: Loss | None) -> None:
         """The link went down: ``loss`` says how a connection ended, None when an attempt failed."""
