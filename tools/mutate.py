@@ -187,8 +187,8 @@ MUTANTS: tuple[Mutant, ...] = (
         Mutant(
             "summary-max-is-last",
             "src/gpu_exporter/forward/summary.py",
-            '                out[(f"{key}:max", labels)] = st.high\n',
-            '                out[(f"{key}:max", labels)] = st.last\n',
+            '                out[(f"{key}:max", labels)] = _short(st.high, digits)\n',
+            '                out[(f"{key}:max", labels)] = _short(st.last, digits)\n',
             ("tests/unit/forward/test_forward_summary.py",),
             "a summary's max is the window's last value: a spike inside the window is lost",
         ),

@@ -156,7 +156,8 @@ def test_clients_that_stop_reading_their_answer_lose_their_slots(start: Start) -
         assert http_get(f"http://127.0.0.1:{srv.port}/healthz")[0] == 503  # both slots busy answering
         # past read + idle timeout (1.5 s) the sweep closes them: the endpoint answers again
         assert wait_for(lambda: http_get(f"http://127.0.0.1:{srv.port}/healthz")[0] == 200, 15)
-        assert srv.stats.timeouts >= 2
+        # one freed slot answers /healthz; on a loaded machine the sweep may close the second a turn later
+        assert wait_for(lambda: srv.stats.timeouts >= 2, 15), srv.stats.timeouts
     finally:
         for conn in stuck:
             conn.close()
