@@ -41,7 +41,10 @@ def wire_size(topic: str, payload: int, v5: bool, now: float = LATEST_STAMP) -> 
     client._packet_queue = queue  # type: ignore[method-assign,assignment]  # capture the bytes instead of sending
     client._sock = object()  # type: ignore[assignment]  # "connected": paho builds nothing without a socket
     props = sendtime.properties(now) if v5 else None
-    client._send_publish(1, topic.encode("utf-8"), b"x" * payload, qos=1, properties=props)
+    try:
+        client._send_publish(1, topic.encode("utf-8"), b"x" * payload, qos=1, properties=props)
+    finally:
+        client._sock = None  # paho's __del__ closes what it holds: nothing here
     (packet,) = packets
     return len(packet)
 
