@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
-import os
 import signal
 import sys
 import threading
@@ -20,7 +19,7 @@ from gpu_exporter import config as cfg
 from gpu_exporter.buildinfo import add_version_flag
 from gpu_exporter.config.commands import AGENT
 from gpu_exporter.config.flags import FlagParser
-from gpu_exporter.daemon import Signals
+from gpu_exporter.daemon import Signals, limit_malloc_arenas
 from gpu_exporter.logs import setup_logging
 from gpu_exporter.web.activation import ActivationError
 
@@ -53,29 +52,6 @@ def build_parser() -> argparse.ArgumentParser:
     add_version_flag(parser)
     cfg.add_arguments(parser, AGENT)
     return parser
-
-
-_M_ARENA_MAX = -8  # mallopt parameter, from glibc's <malloc.h>
-
-
-def limit_malloc_arenas(arenas: int = 1) -> bool:
-    """Have glibc's malloc keep ``arenas`` arenas instead of up to eight per core; True when it took.
-
-    Each thread that allocates while another holds the main arena gets an arena of its own (sampler, HTTP
-    server, forwarder, pod attribution), which keeps the memory freed in it; since nearly every allocation
-    here happens under the GIL, the extra arenas buy no concurrency. With one arena the exporter with
-    forwarding measured 1.8 MiB less RSS (bench/bench_forward.py). Called before any thread starts. A
-    MALLOC_ARENA_MAX in the environment is left to rule, and where malloc is not glibc's nothing happens.
-    """
-    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
-        return False
-    try:
-        import ctypes
-
-        mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):
-        return False
-    return bool(mallopt(_M_ARENA_MAX, arenas))
 
 
 def _fail(message: str, code: int) -> int:

@@ -1,4 +1,5 @@
-"""The signal wiring both daemons share (the agent, ``cli.py``; the bridge, ``bridge/cli.py``).
+"""What both daemons share (the agent, ``cli.py``; the bridge, ``bridge/cli.py``): the signal wiring, and
+one malloc arena (``limit_malloc_arenas``).
 
 SIGTERM and SIGINT stop the daemon; SIGHUP asks it to reload, which each daemon defines: the agent
 re-reads its whole configuration (``reload.py``), the bridge its web config file.
@@ -16,11 +17,12 @@ from __future__ import annotations
 import os
 import select
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from types import FrameType
 
-__all__ = ["Signals"]
+__all__ = ["Signals", "limit_malloc_arenas"]
 
 TICK = 0.5  # seconds between looks at ``stop`` (set by another thread) and at ``poll``
 _STOPPING = (signal.SIGTERM, signal.SIGINT)
@@ -93,3 +95,26 @@ class Signals:
             if self._on_stop is not None:
                 self._on_stop(self._stop_signum)
             self.stop.set()
+
+
+_M_ARENA_MAX = -8  # mallopt parameter, from glibc's <malloc.h>
+
+
+def limit_malloc_arenas(arenas: int = 1) -> bool:
+    """Have glibc's malloc keep ``arenas`` arenas instead of up to eight per core; True when it took.
+
+    Each thread that allocates while another holds the main arena gets an arena of its own (sampler, HTTP
+    server, forwarder, pod attribution), which keeps the memory freed in it; since nearly every allocation
+    here happens under the GIL, the extra arenas buy no concurrency. With one arena the exporter with
+    forwarding measured 1.8 MiB less RSS (bench/bench_forward.py). Called before any thread starts. A
+    MALLOC_ARENA_MAX in the environment is left to rule, and where malloc is not glibc's nothing happens.
+    """
+    if "MALLOC_ARENA_MAX" in os.environ or not sys.platform.startswith("linux"):
+        return False
+    try:
+        import ctypes
+
+        mallopt = ctypes.CDLL(None).mallopt
+    except (OSError, AttributeError):
+        return False
+    return bool(mallopt(_M_ARENA_MAX, arenas))

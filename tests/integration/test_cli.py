@@ -111,11 +111,11 @@ def test_version_and_help() -> None:
 def test_the_malloc_arena_limit_defers_to_malloc_arena_max_and_takes_on_glibc(monkeypatch: pytest.MonkeyPatch) -> None:
     import platform
 
-    from gpu_exporter import cli
+    from gpu_exporter import daemon
 
     monkeypatch.setenv("MALLOC_ARENA_MAX", "4")
-    assert not cli.limit_malloc_arenas()  # the user's setting rules: glibc read it at start
+    assert not daemon.limit_malloc_arenas()  # the user's setting rules: glibc read it at start
     if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
         env = {k: v for k, v in child_env().items() if k != "MALLOC_ARENA_MAX"}
-        code = "from gpu_exporter import cli; raise SystemExit(0 if cli.limit_malloc_arenas() else 1)"
+        code = "from gpu_exporter import daemon; raise SystemExit(0 if daemon.limit_malloc_arenas() else 1)"
         assert subprocess.run([sys.executable, "-c", code], env=env, timeout=30).returncode == 0  # mallopt took

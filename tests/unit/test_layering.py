@@ -71,8 +71,7 @@ KNOWN = frozenset(
         # MQTT settings typed against the agent's configuration (the move: one MqttOptions)
         ("mqtt/settings.py", "gpu_exporter.config"),
         ("mqtt/tls.py", "gpu_exporter.forward.options"),
-        # the bridge borrows the agent's logging set-up and the forwarder's option texts (the move: shared helpers)
-        ("bridge/cli.py", "gpu_exporter.cli"),
+        # the bridge borrows the forwarder's option texts and TLS fields (the move: one MqttOptions)
         ("bridge/cli.py", "gpu_exporter.forward.options"),
         ("bridge/settings.py", "gpu_exporter.forward.options"),
     }

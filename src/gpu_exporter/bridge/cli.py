@@ -145,7 +145,7 @@ def _fail(message: str, code: int) -> int:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    from gpu_exporter.cli import setup_logging
+    from gpu_exporter.logs import setup_logging
 
     args = build_parser().parse_args(list(sys.argv[1:] if argv is None else argv))
     try:
@@ -170,7 +170,7 @@ def tune_malloc() -> None:
     that much larger for good. A fixed threshold gives each large block back as it is freed. Called
     before any thread starts; MALLOC_MMAP_THRESHOLD_ in the environment is left to rule.
     """
-    from gpu_exporter.cli import limit_malloc_arenas
+    from gpu_exporter.daemon import limit_malloc_arenas
 
     limit_malloc_arenas()
     if "MALLOC_MMAP_THRESHOLD_" in os.environ or not sys.platform.startswith("linux"):
