@@ -70,7 +70,6 @@ KNOWN = frozenset(
         ("config/model.py", "gpu_exporter.web.options"),
         # MQTT settings typed against the agent's configuration (the move: one MqttOptions)
         ("mqtt/settings.py", "gpu_exporter.config"),
-        ("mqtt/tls.py", "gpu_exporter.forward.options"),
         # the bridge borrows the forwarder's option texts and TLS fields (the move: one MqttOptions)
         ("bridge/cli.py", "gpu_exporter.forward.options"),
         ("bridge/settings.py", "gpu_exporter.forward.options"),

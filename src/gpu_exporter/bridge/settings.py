@@ -114,15 +114,11 @@ def link_settings(settings: BridgeSettings) -> LinkSettings:
     --mqtt.tls.ca-file or the system store, with an optional client certificate) and the client's
     identity; MQTT 5 always. ConfigError (one line) when a TLS file does not load."""
     host, port, secure = broker_address(settings.mqtt_url)
-    files = ForwardOptions(
-        mqtt_tls_ca_file=settings.mqtt_ca_file,
-        mqtt_tls_cert_file=settings.mqtt_cert_file,
-        mqtt_tls_key_file=settings.mqtt_key_file,
-    )
+    tls = tls_context(settings.mqtt_ca_file, settings.mqtt_cert_file, settings.mqtt_key_file) if secure else None
     return LinkSettings(
         host=host,
         port=port,
-        tls=tls_context(files) if secure else None,
+        tls=tls,
         protocol="5",
         client_id=settings.client_id,
         username=settings.mqtt_username,

@@ -52,7 +52,9 @@ def _check_forwarding(config: Config) -> None:
         _check_topic_level("mqtt.topic-prefix", level, config.mqtt_topic_prefix)
     _check_identity(config)
     if config.mqtt_url.startswith("mqtts://"):
-        tls_context(config)  # a CA bundle, certificate or key that does not load is a start-up error
+        tls_context(
+            config.mqtt_tls_ca_file, config.mqtt_tls_cert_file, config.mqtt_tls_key_file
+        )  # a CA bundle, certificate or key that does not load is a start-up error
 
 
 MAX_NODE_NAME = 253  # bytes: a Kubernetes node name's limit, far within MQTT's 65535 for a whole topic

@@ -102,7 +102,7 @@ def clock(node: Node) -> Result:
         return Result(name, OK, "plausible (plain MQTT carries no time to compare with)")
     host, port, _ = broker_address(c.mqtt_url)
     try:
-        ctx = tls_context(c)
+        ctx = tls_context(c.mqtt_tls_ca_file, c.mqtt_tls_cert_file, c.mqtt_tls_key_file)
         ctx.check_hostname = False  # the name is the mqtt-broker check's business; the dates are ours
         with (
             socket.create_connection((host, port), timeout=node.mqtt_timeout) as raw,

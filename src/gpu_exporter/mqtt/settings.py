@@ -70,7 +70,9 @@ class LinkSettings:
         return cls(
             host=host,
             port=port,
-            tls=tls_context(config) if secure else None,
+            tls=tls_context(config.mqtt_tls_ca_file, config.mqtt_tls_cert_file, config.mqtt_tls_key_file)
+            if secure
+            else None,
             protocol=config.mqtt_protocol,
             client_id=client_id or config.mqtt_client_id or f"gpu-exporter-{config.node_name}",
             username=config.mqtt_username,

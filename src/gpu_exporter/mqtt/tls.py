@@ -10,25 +10,24 @@ from gpu_exporter.config.parsers import ConfigError
 if TYPE_CHECKING:
     import ssl
 
-    from gpu_exporter.forward.options import ForwardOptions
-
 __all__ = ["error_reason", "tls_context"]
 
 
-def tls_context(config: ForwardOptions) -> ssl.SSLContext:
-    """The TLS settings for mqtts://, or ConfigError naming the file that does not load."""
+def tls_context(ca_file: str = "", cert_file: str = "", key_file: str = "") -> ssl.SSLContext:
+    """The TLS settings for mqtts:// from the --mqtt.tls.* files ("": the system's CA store, no client
+    certificate), or ConfigError naming the file that does not load."""
     import ssl
 
     try:
-        ctx = ssl.create_default_context(cafile=config.mqtt_tls_ca_file or None)
+        ctx = ssl.create_default_context(cafile=ca_file or None)
     except (OSError, ssl.SSLError) as exc:
-        raise ConfigError(f"--mqtt.tls.ca-file={config.mqtt_tls_ca_file}: cannot load: {error_reason(exc)}") from None
-    if config.mqtt_tls_cert_file:
+        raise ConfigError(f"--mqtt.tls.ca-file={ca_file}: cannot load: {error_reason(exc)}") from None
+    if cert_file:
         try:
-            ctx.load_cert_chain(config.mqtt_tls_cert_file, config.mqtt_tls_key_file or None)
+            ctx.load_cert_chain(cert_file, key_file or None)
         except (OSError, ssl.SSLError) as exc:
             raise ConfigError(
-                f"--mqtt.tls.cert-file={config.mqtt_tls_cert_file}: cannot load the certificate and key: {error_reason(exc)}"
+                f"--mqtt.tls.cert-file={cert_file}: cannot load the certificate and key: {error_reason(exc)}"
             ) from None
     return ctx
 
