@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -41,6 +40,8 @@ from tests.fakes import nvml_lib  # noqa: E402
 from tests.support.ports import free_port  # noqa: E402
 from tests.support.procs import stop_process  # noqa: E402
 from tests.support.tsdb import MosquittoServer  # noqa: E402
+
+from figures import figure  # noqa: E402
 
 GPUS, MIG = 8, 7
 SCRAPE_EVERY = 15.0
@@ -128,10 +129,9 @@ def import_stages(python: str, src: Path) -> list[tuple[str, int]]:
     return list(zip(["the interpreter (python -c pass)", *(name for name, _ in STAGES)], values, strict=True))
 
 
-def figure(values: list[int]) -> str:
-    mib = [v / 1024 for v in values]
-    median = f"{statistics.median(mib):.1f}"
-    return median if len(mib) == 1 else f"{median} ({min(mib):.1f}-{max(mib):.1f})"
+def mib(values: list[int]) -> str:
+    """kB figures (VmRSS) as MiB, median and range."""
+    return figure([v / 1024 for v in values])
 
 
 def main() -> int:
@@ -182,7 +182,7 @@ def main() -> int:
             last = kib
         for case in cases:
             rows = results[(tree, case)]
-            print(f"  {case:30} {figure([r for r, _ in rows])}   peak {figure([h for _, h in rows])}")
+            print(f"  {case:30} {mib([r for r, _ in rows])}   peak {mib([h for _, h in rows])}")
     return 0
 
 

@@ -57,6 +57,8 @@ sys.path[:0] = [SRC, str(ROOT)]
 
 from tests.fakes.nvml_lib import LIBRARY, Scenario, build, device_nodes  # noqa: E402
 
+from figures import figure  # noqa: E402
+
 GPUS, MIG = 8, 7
 SCENARIO = Scenario(gpus=GPUS, mig=MIG, processes_per_gpu=1)
 COMPONENTS = ("read", "bounds", "render", "self", "gzip", "prepare", "journal", "spool", "batch")
@@ -244,17 +246,12 @@ def agents(folder: Path, window: float, warmup: float, repeats: int, against: st
                     pct = [r[0] for r in runs[label]]
                     per = [r[1] for r in runs[label]]
                     print(
-                        f"{interval:>8} {'yes' if mqtt else 'no':>10} {label:>10} {_figure(pct, 2):>18}"
-                        f" {_figure(per, 2):>18}",
+                        f"{interval:>8} {'yes' if mqtt else 'no':>10} {label:>10} {figure(pct, 2):>18}"
+                        f" {figure(per, 2):>18}",
                         flush=True,
                     )
     finally:
         broker.stop()
-
-
-def _figure(values: list[float], digits: int = 3) -> str:
-    median = f"{statistics.median(values):.{digits}f}"
-    return median if len(values) == 1 else f"{median} ({min(values):.{digits}f}-{max(values):.{digits}f})"
 
 
 def main() -> int:

@@ -34,6 +34,8 @@ sys.path[:0] = [str(ROOT / "src"), str(ROOT)]
 
 from tests.fakes.nvml_lib import Scenario, run_real  # noqa: E402
 
+from figures import figure  # noqa: E402
+
 PCIE = "nvmlDeviceGetPcieThroughput"
 WARMUP = 3
 
@@ -52,12 +54,6 @@ def measure(folder: Path, gpus: int, budget: float | None, cost: float, runs: in
         "cpu": statistics.median(cpu for _, _, cpu in cycles) / 1e6,
         "latest": statistics.median(latest) / 1e6,
     }
-
-
-def figure(values: list[float]) -> str:
-    """The median, and the range when there is more than one value."""
-    median = f"{statistics.median(values):.1f}"
-    return median if len(values) == 1 else f"{median} ({min(values):.1f}-{max(values):.1f})"
 
 
 def main() -> int:
