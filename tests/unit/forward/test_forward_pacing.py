@@ -4,6 +4,7 @@ through a shaped kernel link is tests/integration/test_forward_realtime.py, a ho
 
 from __future__ import annotations
 
+import errno
 import socket
 
 import pytest
@@ -257,3 +258,38 @@ def test_while_nothing_answers_attempts_go_within_seconds_and_a_refusing_broker_
         refusing._fail("refused", "broker refused the connection: Server busy")
         backoff.append(refusing._next_attempt - now[0])
     assert min(backoff[10:]) >= 15.0  # jittered within the upper half of the 30 s cap
+
+
+@pytest.mark.parametrize(
+    ("error", "probe"),
+    [
+        (ConnectionRefusedError(111, "Connection refused"), True),
+        (TimeoutError("timed out"), True),
+        (socket.gaierror(-2, "Name or service not known"), True),
+        (OSError(errno.ENETUNREACH, "Network is unreachable"), True),
+        (OSError(errno.EHOSTUNREACH, "No route to host"), True),
+        (OSError(errno.ECONNRESET, "Connection reset by peer"), False),  # something answered: back off
+    ],
+    ids=["refused", "timeout", "no-name", "no-network", "no-route", "reset"],
+)
+def test_each_way_a_tcp_connection_fails_to_come_up_is_retried_within_seconds(error: OSError, probe: bool) -> None:
+    """Every failure of the TCP connect itself (as the socket raises it to paho's connect) is probed
+    again within 5 s after a long outage; one where the peer answered backs off to the 30 s cap."""
+    from unittest import mock
+
+    import paho.mqtt.client as paho
+
+    now = [0.0]
+    settings = LinkSettings("127.0.0.1", 1, None, "5", "t", "", "", 30, 30.0, 16)
+    link = Link(settings, "status", lambda *a: None, lambda: None, lambda m: None, clock=lambda: now[0])
+    waits = []
+    with mock.patch.object(paho.Client, "connect", side_effect=error):
+        for _ in range(20):
+            now[0] = link._next_attempt
+            link.step(0.0)
+            assert link.state == "down"
+            waits.append(link._next_attempt - now[0])
+    if probe:
+        assert max(waits[10:]) <= 5.0, (link.error, waits)
+    else:
+        assert min(waits[10:]) >= 15.0, (link.error, waits)

@@ -449,3 +449,62 @@ def test_no_raw_batch_goes_ahead_of_a_summary_that_is_due() -> None:
     assert not adaptive.raw_allowed(500, now, adaptive.next_due(now))  # 3 s of the link: not now
     assert adaptive.next_due(T0 + 60) == 10.0  # no sample for a batch interval: sampling paused
     assert adaptive.raw_allowed(500, T0 + 60, adaptive.next_due(T0 + 60))
+
+
+def _bytes_sample(seq: int) -> Sample:
+    """A GPU whose memory in use (bytes, an integer gauge) moves every second, beside a counter."""
+    values = {
+        ("memory_used", ()): 63_571_116_032.0 + 5_000_000 * seq + 1_048_577 * (seq % 13),
+        ("memory_total", ()): 85_899_345_920.0,
+        ("energy", ()): 1_234_567_891.0 + 100 * seq,
+    }
+    return Sample(seq, T0 + seq, (DeviceSample(GPU, True, values, {}),))
+
+
+def _digits_of(value: float) -> int:
+    return len(f"{value:.17g}".split("e")[0].replace(".", "").replace("-", "").strip("0"))
+
+
+def _moving(batch: Batch) -> list[float]:
+    """The figures of the moving gauge (memory in use) in every point of a summary batch."""
+    return [
+        v for s in batch.samples for d in s.devices for (k, _), v in d.values.items() if k.startswith("memory_used:")
+    ]
+
+
+def test_every_summary_the_forwarder_makes_has_its_moving_gauges_at_the_value_digits() -> None:
+    """Fresh windows, summaries made while the broker was away, those of a backlog read back from the
+    spool and the wider points a long backlog is merged into: each path summarises on its own, and each
+    must round a moving gauge (what a forgotten ``digits`` on one of them would not)."""
+    meter = LinkMeter(None, max_rate=10)  # a thin link: the backlog takes long, and goes as summaries
+    adaptive = Adaptive("node-a", "boot-1", meter, interval=10.0, digits=4)
+    spooled: dict[Entry, bytes] = {}
+    for b in range(3):  # batches closed while the broker was away: summarised at once, from memory
+        samples = [_bytes_sample(s) for s in range(b * 10 + 1, b * 10 + 11)]
+        e = entry(b * 10 + 1, 5000)
+        assert not adaptive.closed(samples, [e], 10.0, connected=False)
+        spooled[e] = encode(Batch("node-a", "boot-1", tuple(samples)))
+    earlier = [_bytes_sample(s) for s in range(31, 41)]  # a batch of an earlier run: read back and summarised
+    spooled[entry(31, 5000)] = encode(Batch("node-a", "boot-1", tuple(earlier)))
+    assert adaptive.backlog(spooled, lambda e: spooled[e]) > 0
+    made = [decode(data) for data in adaptive.queue]
+    points = [(p, 10.0) for b in made for p in b.samples]
+    made.append(Batch("node-a", "boot-1", (adaptive._coarsen("node-a", "boot-1", points, 0.001)[0][0],), 1))
+    fresh = Adaptive("node-a", "boot-1", link_of(20.0), interval=10.0, digits=4)
+    fresh.meter.produced(9000, 10.0)
+    assert fresh.closed([_bytes_sample(s) for s in range(41, 51)], [entry(41, 9000)], 10.0, connected=True)
+    for seq in range(51, 70):
+        fresh.add(_bytes_sample(seq))
+    assert fresh._pending is not None
+    made.append(Batch("node-a", "boot-1", (fresh._pending[0],), 1))
+    for batch in made:
+        figures = _moving(batch)
+        assert figures and all(_digits_of(v) <= 4 for v in figures), figures
+        totals = [
+            v
+            for s in batch.samples
+            for d in s.devices
+            for (k, _), v in d.values.items()
+            if k.startswith("memory_total")
+        ]
+        assert totals and set(totals) == {85_899_345_920.0}  # held still: exact
