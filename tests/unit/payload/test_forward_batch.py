@@ -11,7 +11,7 @@ from typing import Any
 
 import jsonschema
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from gpu_exporter import catalog
@@ -558,3 +558,27 @@ def test_a_version_1_payload_as_sent_by_earlier_agents_decodes() -> None:
     assert [s.timestamp for s in batch.samples] == [1764412800.0, 1764412805.0, 1764412810.001]
     assert [s.devices[0].values[("power", ())] for s in batch.samples] == [245.123, 246.0, 244.0]
     assert batch.samples[2].devices[0].values[("clock_event_reason", ("sw_power_cap",))] == 1.0
+
+
+_EDGES = {("power", ()): -0.0, ("energy", ()): 2.0**53, ("temp_gpu", ()): -3.0, ("utilization", ()): math.nan}
+
+
+@given(batches())
+@example(Batch("n", "b" * 32, (Sample(1, 1.0, (DeviceSample(DeviceId("0", "GPU-0"), False, _EDGES, {"k": ""}),)),)))
+def test_a_one_sample_batch_takes_the_short_path_to_the_same_document(b: Batch) -> None:
+    """The spool's journal encodes one sample a cycle through a path of its own (payload/encode.py,
+    ``_one_sample``): for any sample it must write what the general path writes, byte for byte (-0.0,
+    integers, non-finite values, absent series, info included)."""
+    import importlib
+
+    from gpu_exporter.payload import types as fmt
+
+    enc = importlib.import_module("gpu_exporter.payload.encode")  # the module: the package exports its function
+
+    one = b.samples[:1]
+    fast_index: dict[Any, int] = {}
+    general_index: dict[Any, int] = {}
+    fast = enc._one_sample(one, fast_index, fmt.KEY)
+    general = enc._samples(one, general_index, fmt.KEY)
+    assert json.dumps(fast) == json.dumps(general)
+    assert list(fast_index) == list(general_index)
